@@ -1,0 +1,1 @@
+"""The shared kernel: configuration, the store, the worker control contract and metric names."""

@@ -1,0 +1,228 @@
+"""Typed configuration: the fleet file, the tenants file, and the settings every process shares (DESIGN §3.4).
+
+Both YAML files are validated at start; a bad file raises ``ConfigError`` whose message names the file and
+the field (``tenants.yaml: tenants[2].tier: unknown tier 'gold' …``). API keys appear only as keyed digests.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from enum import StrEnum
+from importlib import resources
+from pathlib import Path
+from typing import Annotated, Any, Self, TypeVar
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class ConfigError(ValueError):
+    """A configuration file or setting is invalid; the message names the file and the field."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# --------------------------------------------------------------------------------------------- fleet file
+class DrafterConfig(_Strict):
+    name: str = "Kimi-K3-DSpark"
+    method: str = "dspark"
+    """vLLM speculative method: ``dspark`` for Kimi K3, ``ngram`` or ``draft_model`` for small test models."""
+    k_max: Annotated[int, Field(ge=1, le=16)] = 8
+    model: str | None = None
+    """Drafter weights (path or repo id) for model-based methods; None for ``ngram``."""
+
+
+class ModelConfig(_Strict):
+    name: str
+    """The model name clients send and workers serve."""
+    profile: str = "kimi-k3-dspark-tp16"
+    """Performance profile (step time, acceptance) used by the simulator and the controller."""
+    context_window: Annotated[int, Field(gt=0)] = 1_000_000
+
+
+class WorkerKind(StrEnum):
+    SIM = "sim"
+    VLLM = "vllm"
+
+
+class WorkerConfig(_Strict):
+    id: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
+    url: Annotated[str, Field(pattern=r"^https?://")]
+    model: str
+    kind: WorkerKind = WorkerKind.SIM
+    gpus: Annotated[int, Field(gt=0)] = 16
+    usd_per_gpu_hour: Annotated[float, Field(ge=0)] = 3.0
+    drafter: DrafterConfig = DrafterConfig()
+    max_num_seqs: Annotated[int, Field(gt=0, le=4096)] = 256
+    tensor_parallel_size: Annotated[int, Field(gt=0)] = 16
+    extra_args: tuple[str, ...] = ()
+    """Further ``vllm serve`` arguments for real workers."""
+
+    @property
+    def usd_per_second(self) -> float:
+        """Cost of running this worker, USD per second."""
+        return self.gpus * self.usd_per_gpu_hour / 3600.0
+
+
+class FleetConfig(_Strict):
+    models: tuple[ModelConfig, ...]
+    workers: tuple[WorkerConfig, ...]
+
+    @model_validator(mode="after")
+    def _cross_check(self) -> Self:
+        names = [m.name for m in self.models]
+        if len(set(names)) != len(names):
+            raise ValueError(f"models: duplicate model name in {names}")
+        ids = [w.id for w in self.workers]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"workers: duplicate worker id in {ids}")
+        for i, w in enumerate(self.workers):
+            if w.model not in names:
+                raise ValueError(f"workers[{i}].model: unknown model {w.model!r}; known: {names}")
+        return self
+
+    def model(self, name: str) -> ModelConfig | None:
+        return next((m for m in self.models if m.name == name), None)
+
+    def worker(self, worker_id: str) -> WorkerConfig | None:
+        return next((w for w in self.workers if w.id == worker_id), None)
+
+
+# ------------------------------------------------------------------------------------------- tenants file
+class SpeculationPreference(StrEnum):
+    SPEED = "speed"
+    """Per-user speed first: prefer workers running a high k with good acceptance."""
+    THROUGHPUT = "throughput"
+    """Cost first: indifferent to k, prefer spare capacity."""
+    NEUTRAL = "neutral"
+
+
+class TierConfig(_Strict):
+    priority: int = 0
+    """Passed to vLLM's ``priority`` field: lower runs first."""
+    ttft_target_s: Annotated[float, Field(gt=0)] | None = None
+    tpot_target_s: Annotated[float, Field(gt=0)] | None = None
+    """Target time per output token, seconds; None means no TPOT target (batch work)."""
+    speculation: SpeculationPreference = SpeculationPreference.NEUTRAL
+    sheddable: bool = False
+
+
+class ApiKeyConfig(_Strict):
+    id: str
+    digest: Annotated[str, Field(pattern=r"^hmac-sha256:[0-9a-f]{64}$")]
+
+
+class TenantConfig(_Strict):
+    id: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
+    tier: str
+    models: tuple[str, ...] = ("*",)
+    """Model names this tenant may use; ``*`` allows every model."""
+    rpm: Annotated[int, Field(gt=0)] | None = None
+    tpm: Annotated[int, Field(gt=0)] | None = None
+    max_concurrency: Annotated[int, Field(gt=0)] | None = None
+    budget_usd: Annotated[float, Field(ge=0)] | None = None
+    keys: tuple[ApiKeyConfig, ...] = ()
+
+    def allows(self, model: str) -> bool:
+        return "*" in self.models or model in self.models
+
+
+class TenantsConfig(_Strict):
+    tiers: dict[str, TierConfig]
+    tenants: tuple[TenantConfig, ...]
+
+    @model_validator(mode="after")
+    def _cross_check(self) -> Self:
+        ids = [t.id for t in self.tenants]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"tenants: duplicate tenant id in {ids}")
+        for i, t in enumerate(self.tenants):
+            if t.tier not in self.tiers:
+                raise ValueError(f"tenants[{i}].tier: unknown tier {t.tier!r}; known: {sorted(self.tiers)}")
+        return self
+
+    def tenant(self, tenant_id: str) -> TenantConfig | None:
+        return next((t for t in self.tenants if t.id == tenant_id), None)
+
+
+def key_digest(secret: str, *, pepper: str) -> str:
+    """Keyed digest of an API key secret: ``hmac-sha256:<hex>``. Only digests are ever stored."""
+    mac = hmac.new(pepper.encode(), secret.encode(), hashlib.sha256).hexdigest()
+    return f"hmac-sha256:{mac}"
+
+
+# ------------------------------------------------------------------------------------------------ loading
+def _format_errors(source: str, err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        loc = ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in e["loc"]).replace(".[", "[")
+        lines.append(f"{source}: {loc or '(top level)'}: {e['msg']}")
+    return "\n".join(lines)
+
+
+def load_yaml(path: Path) -> Any:
+    try:
+        return yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def parse_model(model: type[M], data: Any, *, source: str) -> M:
+    """Validate ``data`` as ``model``; errors become a ``ConfigError`` naming ``source`` and each field."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_format_errors(source, exc)) from exc
+
+
+def _default_path(name: str) -> Path:
+    return Path(str(resources.files("fleet.defaults").joinpath(name)))
+
+
+def load_fleet(path: Path | None = None) -> FleetConfig:
+    """Load the fleet file, or the embedded default fleet (simulated workers on loopback) when ``path`` is None."""
+    path = path or _default_path("fleet.yaml")
+    return parse_model(FleetConfig, load_yaml(path), source=str(path))
+
+
+def load_tenants(path: Path | None = None) -> TenantsConfig:
+    """Load the tenants file, or the embedded default tenants when ``path`` is None."""
+    path = path or _default_path("tenants.yaml")
+    return parse_model(TenantsConfig, load_yaml(path), source=str(path))
+
+
+# ----------------------------------------------------------------------------------------------- settings
+class CommonSettings(BaseSettings):
+    """Settings every gearshift process reads from ``GEARSHIFT_*`` environment variables."""
+
+    model_config = SettingsConfigDict(env_prefix="GEARSHIFT_", extra="forbid", frozen=True)
+
+    fleet_file: Path | None = None
+    """Fleet YAML; None uses the embedded default fleet."""
+    tenants_file: Path | None = None
+    """Tenants YAML; None uses the embedded default tenants."""
+    redis_url: str | None = None
+    """Redis for shared state; None keeps state in process memory (the embedded, single-process mode)."""
+    key_prefix: str = "gearshift:"
+    key_pepper: SecretStr = SecretStr("gearshift-dev-pepper")
+    """Secret key of the API-key digests. Change it in production."""
+    control_token: SecretStr = SecretStr("gearshift-dev-control")
+    """Bearer token the controller sends to the workers' speculation-control API."""
+    admin_key: SecretStr = SecretStr("gearshift-dev-admin")
+    """Bearer key of the gateway's admin API."""
+    log_level: str = "INFO"
+
+    def fleet(self) -> FleetConfig:
+        return load_fleet(self.fleet_file)
+
+    def tenants(self) -> TenantsConfig:
+        return load_tenants(self.tenants_file)

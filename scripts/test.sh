@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# The test command: sets everything up on a fresh machine, then runs lint, types, layer contracts and the
+# whole test suite (integration tests start their own redis-server, simulated workers, vLLM, Prometheus).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/bootstrap.sh
+export PATH="$PWD/.venv/bin:$PATH"
+
+echo "== ruff";        ruff check . && ruff format --check .
+echo "== mypy";        mypy
+echo "== import-linter"; lint-imports
+echo "== pytest";      pytest "$@"
