@@ -54,6 +54,8 @@ class WorkerConfig(_Strict):
     url: Annotated[str, Field(pattern=r"^https?://")]
     model: str
     kind: WorkerKind = WorkerKind.SIM
+    weights: str | None = None
+    """Real workers: path or hub id of the served model's weights; None serves ``model`` by that name."""
     gpus: Annotated[int, Field(gt=0)] = 16
     usd_per_gpu_hour: Annotated[float, Field(ge=0)] = 3.0
     drafter: DrafterConfig = DrafterConfig()
@@ -160,7 +162,12 @@ def _format_errors(source: str, err: ValidationError) -> str:
     lines = []
     for e in err.errors():
         loc = ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in e["loc"]).replace(".[", "[")
-        lines.append(f"{source}: {loc or '(top level)'}: {e['msg']}")
+        msg = e["msg"]
+        if not loc and e["type"] == "value_error":
+            # A cross-field check: its message already starts with the field it names.
+            lines.append(f"{source}: {msg.removeprefix('Value error, ')}")
+            continue
+        lines.append(f"{source}: {loc or '(top level)'}: {msg}")
     return "\n".join(lines)
 
 

@@ -39,6 +39,10 @@ class TargetModel(_Strict):
     """Parameters touched per token (for FLOPs = 2 · active_params per token)."""
     kv_bytes_per_token: Annotated[float, Field(gt=0)]
     """KV cache bytes per context token summed over layers (MLA latent cache)."""
+    kv_read_replicas: Annotated[float, Field(ge=1)] = 1.0
+    """How many GPUs each read a sequence's whole KV cache per step. MLA under tensor parallelism keeps the
+    latent cache replicated on every rank (unless decode-context parallelism shards it), so every rank reads
+    all of it: the aggregate bytes moved are ``context · kv_bytes_per_token · kv_read_replicas``."""
     comm_s_per_token: Annotated[float, Field(ge=0)]
     """Inter-GPU communication time per token in the step (tensor-parallel all-reduces), seconds."""
     step_overhead_s: Annotated[float, Field(ge=0)]
@@ -135,7 +139,7 @@ def step_time(profile: Profile, shape: StepShape) -> StepTime:
     if tokens == 0:
         return StepTime(0.0, 0.0)
     weight_bytes = t.dense_bytes + experts_touched(profile, tokens) * t.expert_bytes
-    kv_bytes = shape.context_tokens * t.kv_bytes_per_token
+    kv_bytes = shape.context_tokens * t.kv_bytes_per_token * t.kv_read_replicas
     flops = 2.0 * t.active_params * tokens
     target = max((weight_bytes + kv_bytes) / hw.hbm_bytes_per_s, flops / hw.flops_per_s)
     target += tokens * t.comm_s_per_token + t.step_overhead_s

@@ -19,12 +19,17 @@ from pydantic import BaseModel, ConfigDict
 # ------------------------------------------------------------------------------------------------ limits
 @dataclass(frozen=True, slots=True)
 class WindowLimit:
-    """At most ``limit`` units (requests or tokens) per rolling ``window_s`` under ``key``; reserve ``cost``."""
+    """At most ``limit`` units (requests or tokens) per rolling ``window_s`` under ``key``; reserve ``cost``.
+
+    In ``settle``, ``cost`` is the correction and ``reserved_at`` (Unix s, optional) the ``now`` of the
+    ``admit`` that reserved it: a refund then lowers only that reservation's part of the window and is dropped
+    once the reservation has left the window. One key must always be used with the same ``window_s``."""
 
     key: str
     cost: int
     limit: int
     window_s: float = 60.0
+    reserved_at: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,8 +178,9 @@ class Store(Protocol):
         """Append to the ledger (append-only) and add the record to the tenant's totals."""
         ...
 
-    async def usage(self, tenant: str, *, since: float, until: float) -> UsageTotals:
-        """A tenant's records and totals with ``since <= at < until``."""
+    async def usage(self, tenant: str, *, since: float, until: float, limit: int = 1000) -> UsageTotals:
+        """A tenant's totals over every record with ``since <= at < until``, and the first ``limit`` of those
+        records in time order (the totals are exact whatever ``limit`` is)."""
         ...
 
     # API keys created at run time -----------------------------------------------------------------------

@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(redis-server)
+APT_PACKAGES=(redis-server wrk prometheus)
 
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do

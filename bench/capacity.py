@@ -1,0 +1,72 @@
+"""Steady-state estimates from the shared performance model (``fleet.perf``), used to size scenarios.
+
+These are planning figures, not results: the lab's results come from running the engine. They let a scenario
+say "Poisson at 0.6 × capacity" and keep its meaning when the profile is recalibrated.
+
+Model: a worker decoding ``B`` sequences at draft length ``k`` emits ``B · E[tokens](k)`` tokens per step, and
+in steady state also prefills the prompts of the requests that replace finished ones:
+``B · E[tokens](k) · prompt / output`` prompt tokens per step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from fleet.perf import Profile, StepShape, conditional_acceptance, expected_tokens_per_step, step_time
+
+
+@dataclass(frozen=True, slots=True)
+class MixPoint:
+    """Mean request shape of a traffic mix (tokens) and its acceptance, per workload weight."""
+
+    workloads: tuple[tuple[str, float], ...]
+    """``(workload, weight)`` pairs; weights need not sum to 1."""
+    prompt_tokens: float
+    output_tokens: float
+
+
+def tokens_per_step(profile: Profile, mix: MixPoint, k: int) -> float:
+    """Expected tokens emitted per decoding sequence per step at draft length ``k`` for the mix."""
+    context = mix.prompt_tokens + mix.output_tokens / 2
+    total_w = sum(w for _, w in mix.workloads)
+    return sum(
+        w * expected_tokens_per_step(conditional_acceptance(profile, name, context), k) for name, w in mix.workloads
+    ) / max(total_w, 1e-12)
+
+
+def throughput(profile: Profile, mix: MixPoint, batch: int, k: int) -> tuple[float, float]:
+    """``(output tokens/s, step seconds)`` of one worker decoding ``batch`` sequences at draft length ``k``."""
+    per_seq = tokens_per_step(profile, mix, k)
+    emitted = batch * per_seq
+    prefill = int(emitted * mix.prompt_tokens / max(mix.output_tokens, 1.0))
+    context = int(batch * (mix.prompt_tokens + mix.output_tokens / 2))
+    t = step_time(profile, StepShape(decode_seqs=batch, k=k, context_tokens=context, prefill_tokens=prefill))
+    return emitted / t.total_s, t.total_s
+
+
+def max_batch(profile: Profile, mix: MixPoint, max_num_seqs: int) -> int:
+    """The largest batch the KV cache holds for this mix (at least 1)."""
+    per_seq = mix.prompt_tokens + mix.output_tokens
+    return max(1, min(max_num_seqs, int(profile.hardware.kv_capacity_tokens // per_seq)))
+
+
+def best_k(profile: Profile, mix: MixPoint, batch: int, ks: Sequence[int] | None = None) -> int:
+    """The static k with the highest throughput at this batch size."""
+    ks = ks if ks is not None else range(profile.drafter.k_max + 1)
+    return max(ks, key=lambda k: throughput(profile, mix, batch, k)[0])
+
+
+def capacity_requests_per_s(profile: Profile, mix: MixPoint, *, workers: int, max_num_seqs: int) -> float:
+    """Fleet capacity in requests/s: the best static k at the largest batch the KV cache allows."""
+    batch = max_batch(profile, mix, max_num_seqs)
+    tok_s = max(throughput(profile, mix, batch, k)[0] for k in range(profile.drafter.k_max + 1))
+    return workers * tok_s / mix.output_tokens
+
+
+def break_even_batch(profile: Profile, mix: MixPoint, max_num_seqs: int) -> int | None:
+    """The smallest batch size at which k = 0 out-earns every k > 0, or None if speculation always pays."""
+    for batch in range(1, max_batch(profile, mix, max_num_seqs) + 1):
+        if best_k(profile, mix, batch) == 0:
+            return batch
+    return None

@@ -1,0 +1,246 @@
+"""The gateway-cost report: Markdown tables, the targets table and two PNG plots."""
+
+from __future__ import annotations
+
+import platform
+from dataclasses import dataclass
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from bench.gateway.runner import MODES, GatewayBenchResult, Mode  # noqa: E402
+from bench.markdown import fmt, table  # noqa: E402
+
+ADDED_P50_TARGET_MS = 1.0
+JSON_RPS_TARGET = 2000.0
+STREAM_RPS_TARGET = 1500.0
+FLOOR = "passthrough"
+DIRECT = "direct"
+GATEWAY = "gearshift"
+
+
+@dataclass(frozen=True)
+class TargetCheck:
+    target: str
+    what: str
+    goal: str
+    value: float | None
+    met: bool | None
+    floor_ratio: float | None
+    """The same figure of the minimal pass-through divided by... see ``ratio_note``."""
+    ratio_note: str
+
+
+def _added_ms(result: GatewayBenchResult, target: str, mode: Mode, c: int, q: str) -> float | None:
+    mine, direct = result.get(target, mode, c), result.get(DIRECT, mode, c)
+    if mine is None or direct is None:
+        return None
+    return (getattr(mine, q) - getattr(direct, q)) / 1000.0
+
+
+def _rps(result: GatewayBenchResult, target: str, mode: Mode, c: int) -> float | None:
+    m = result.get(target, mode, c)
+    return m.requests_per_s if m is not None else None
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b not in (None, 0) else None
+
+
+def checks(result: GatewayBenchResult, target: str) -> list[TargetCheck]:
+    """The DESIGN §6 targets for one proxy, each with its ratio to the minimal pass-through."""
+    c_hi = max(result.config.concurrencies)
+    added = _added_ms(result, target, "json", 1, "p50_us")
+    floor_added = _added_ms(result, FLOOR, "json", 1, "p50_us")
+    out = [
+        TargetCheck(
+            target,
+            "added p50 latency, c=1, non-streaming",
+            f"≤ {ADDED_P50_TARGET_MS:g} ms",
+            added,
+            None if added is None else added <= ADDED_P50_TARGET_MS,
+            _ratio(added, floor_added),
+            "× the pass-through's added p50",
+        )
+    ]
+    for mode, goal, what in (("json", JSON_RPS_TARGET, "req/s"), ("stream", STREAM_RPS_TARGET, "32-chunk streams/s")):
+        rps = _rps(result, target, mode, c_hi)
+        out.append(
+            TargetCheck(
+                target,
+                f"{what}, c={c_hi}",
+                f"≥ {goal:,.0f}",
+                rps,
+                None if rps is None or c_hi != 64 else rps >= goal,
+                _ratio(rps, _rps(result, FLOOR, mode, c_hi)),
+                "of the pass-through's rate",
+            )
+        )
+    return out
+
+
+def _status(met: bool | None) -> str:
+    return "not measured" if met is None else ("**met**" if met else "**not met**")
+
+
+def render(result: GatewayBenchResult, *, command: str, plot_names: tuple[str, str]) -> str:
+    names = [n for n, _ in result.targets]
+    lines = [
+        "# Gateway cost benchmark",
+        "",
+        f"Regenerate with `{command}`. Machine: {platform.machine()}, {len(_cpus())} CPUs, Python "
+        f"{platform.python_version()}. Load generator: `wrk` 4 (1 thread, Lua script posting a chat body).",
+        "",
+        f"**Placement:** {result.placement.describe()}.",
+        "",
+        "## Targets",
+        "",
+        "### Targets table",
+        "",
+    ]
+    rows = []
+    for target in [n for n in names if n != DIRECT]:
+        for c in checks(result, target):
+            ratio = "—" if c.floor_ratio is None else f"{c.floor_ratio:.2f} {c.ratio_note}"
+            rows.append([c.target, c.what, c.goal, fmt(c.value), _status(c.met), ratio])
+    lines += [table(["target", "figure", "goal", "value", "status", "vs minimal pass-through"], rows), ""]
+    lines += ["### Targets measured", ""]
+    lines += [table(["target", "what runs"], [[n, note] for n, note in result.targets], align="ll"), ""]
+    lines += _throughput_section(result, names)
+    lines += _first_chunk_section(result, names)
+    lines += _profile_section(result)
+    lines += ["## Plots", "", f"![requests per second]({plot_names[0]})", "", f"![added latency]({plot_names[1]})", ""]
+    if result.failures:
+        lines += ["## Failures", ""] + [f"- {f}" for f in result.failures] + [""]
+    return "\n".join(lines)
+
+
+def _cpus() -> list[int]:
+    from bench.gateway.procs import available_cpus
+
+    return available_cpus()
+
+
+def _throughput_section(result: GatewayBenchResult, names: list[str]) -> list[str]:
+    lines = [
+        "## Throughput and latency",
+        "",
+        "Latency is wrk's, of the whole response (for streams: to the last chunk). *Added* is the target's figure "
+        "minus the direct upstream's in the same run. *vs floor* is the target's rate over the minimal "
+        "pass-through's.",
+        "",
+        "### Throughput and latency table",
+        "",
+    ]
+    rows = []
+    for mode in MODES:
+        for c in result.config.concurrencies:
+            floor = _rps(result, FLOOR, mode, c)
+            for name in names:
+                m = result.get(name, mode, c)
+                if m is None:
+                    continue
+                rows.append([
+                    mode, c, name, m.requests_per_s, m.p50_us / 1000, m.p99_us / 1000,
+                    _added_ms(result, name, mode, c, "p50_us"), _added_ms(result, name, mode, c, "p99_us"),
+                    _ratio(m.requests_per_s, floor), m.errors,
+                ])  # fmt: skip
+    header = ["mode", "c", "target", "req/s", "p50 ms", "p99 ms", "added p50 ms", "added p99 ms", "vs floor", "errors"]
+    lines += [table(header, [[_num(v) for v in r] for r in rows], align="lrl" + "r" * 7), ""]
+    return lines
+
+
+def _num(value: object) -> object:
+    if value is None:
+        return "—"
+    if isinstance(value, float):
+        return fmt(value)
+    return value
+
+
+def _first_chunk_section(result: GatewayBenchResult, names: list[str]) -> list[str]:
+    lines = [
+        "## Time to first chunk",
+        "",
+        "Measured by a small aiohttp client (`bench/gateway/ttfc.py`) at concurrency 1, sequential streamed "
+        "requests for a few seconds per target, from sending the request to the first SSE bytes.",
+        "",
+        "### Time to first chunk table",
+        "",
+    ]
+    direct = result.first_chunk.get(DIRECT)
+    rows = []
+    for name in names:
+        r = result.first_chunk.get(name)
+        if r is None:
+            continue
+        added = (r.p50_us - direct.p50_us) / 1000 if direct else None
+        rows.append([name, r.samples, fmt(r.p50_us / 1000), fmt(r.p99_us / 1000), _num(added), r.incomplete])
+    header = ["target", "streams", "p50 ms", "p99 ms", "added p50 ms", "incomplete"]
+    return [*lines, table(header, rows, align="lrrrrr"), ""]
+
+
+def _profile_section(result: GatewayBenchResult) -> list[str]:
+    lines = ["## Where the time goes", ""]
+    if not result.profiles:
+        return [*lines, "No profile was recorded in this run.", ""]
+    lines += [
+        f"`py-spy record` (200 Hz) on each proxy's pid while wrk drove it at c={max(result.config.concurrencies)} "
+        "(half non-streaming, half streaming). *Inside* counts a sample once for every component on its stack "
+        "(shares overlap); *self* is the function on top of the stack. Idle is the share of sampling instants "
+        "with no Python running (waiting in the event loop's poll).",
+        "",
+    ]
+    for p in result.profiles:
+        lines += [f"### {p.target}: {p.samples} samples, idle {100 * p.idle_share:.0f} %", ""]
+        rows = [[k, f"{100 * v:.1f} %"] for k, v in p.inclusive.items()]
+        lines += [table(["component", "samples inside"], rows, align="lr"), ""]
+        rows = [[f"`{k}`", f"{100 * v:.1f} %"] for k, v in p.top_self]
+        lines += [table(["function (self time)", "samples"], rows, align="lr"), ""]
+    return lines
+
+
+def plot(result: GatewayBenchResult, out_dir: Path) -> tuple[str, str]:
+    """Write the two PNGs; returns their file names."""
+    names = [n for n, _ in result.targets]
+    cs = list(result.config.concurrencies)
+    rps_name, lat_name = "gateway-throughput.png", "gateway-added-latency.png"
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), constrained_layout=True)
+    width = 0.8 / max(len(names), 1)
+    for ax, mode in zip(axes, MODES, strict=True):
+        for i, name in enumerate(names):
+            values = [_rps(result, name, mode, c) or 0.0 for c in cs]
+            ax.bar([x + i * width for x in range(len(cs))], values, width, label=name)
+        ax.set_xticks([x + width * (len(names) - 1) / 2 for x in range(len(cs))], [f"c={c}" for c in cs])
+        ax.set_title("non-streaming" if mode == "json" else "32-chunk SSE streams")
+        ax.set_ylabel("requests/s")
+    axes[0].legend(fontsize=8)
+    fig.savefig(out_dir / rps_name, dpi=110)
+    plt.close(fig)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), constrained_layout=True)
+    proxies = [n for n in names if n != DIRECT]
+    width = 0.8 / max(len(proxies), 1)
+    for ax, mode in zip(axes, MODES, strict=True):
+        for i, name in enumerate(proxies):
+            values = [_added_ms(result, name, mode, c, "p50_us") or 0.0 for c in cs]
+            ax.bar([x + i * width for x in range(len(cs))], values, width, label=name)
+        ax.set_xticks([x + width * (len(proxies) - 1) / 2 for x in range(len(cs))], [f"c={c}" for c in cs])
+        ax.set_title(("non-streaming" if mode == "json" else "streams") + ": added p50 latency vs direct")
+        ax.set_ylabel("ms")
+    if proxies:
+        axes[0].legend(fontsize=8)
+    fig.savefig(out_dir / lat_name, dpi=110)
+    plt.close(fig)
+    return rps_name, lat_name
+
+
+def write(result: GatewayBenchResult, out_dir: Path, *, command: str) -> Path:
+    """Write ``gateway.md`` and its PNGs into ``out_dir``; returns the Markdown path."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    plot_names = plot(result, out_dir)
+    path = out_dir / "gateway.md"
+    path.write_text(render(result, command=command, plot_names=plot_names))
+    return path

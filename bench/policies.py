@@ -1,0 +1,193 @@
+"""The policies the lab compares, behind one interface.
+
+A ``LabPolicy`` gives each worker its start-up schedule and is called at every control tick of the virtual
+lab (``workers.sim.virtual.TickContext``), where it may apply a ``SpeculationUpdate`` to a worker's
+``SpeculationControl`` — the same control the real-time worker exposes over HTTP (DESIGN §3.1).
+
+- ``StaticSchedule``: a fixed schedule, never changed. A plain ``k`` is the one-row table; vLLM's
+  ``num_speculative_tokens_per_batch_size`` table and a batch-size threshold gate are multi-row tables that the
+  engine applies per step by the *instantaneous* decode batch, exactly as vLLM's scheduler does.
+- ``PhaseOracle``: a known k per scenario phase, switched at the phase boundaries (the hindsight oracle).
+- ``ControllerPolicy``: the gearshift controller itself (``controller.loop.Controller``: estimator → policy →
+  stabiliser → actuator), reading each worker's rendered ``/metrics`` and actuating its control in-process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from controller.actuator import ControlActuator
+from controller.loop import Controller
+from controller.settings import ControllerSettings
+from controller.sources import RenderSource
+from fleet.config import FleetConfig, ModelConfig, TenantConfig, TenantsConfig, TierConfig, WorkerConfig
+from fleet.speculation import Schedule, SpeculationControl, SpeculationUpdate, uniform_schedule, validate_schedule
+from fleet.store_memory import MemoryStore
+from workers.sim.virtual import DEFAULT_MODEL_NAME, TickContext, VirtualWorker
+
+ORACLE_LEASE_S = 3600.0
+
+
+class LabPolicy(Protocol):
+    """A speculation policy under test."""
+
+    name: str
+
+    def start_schedule(self, *, k_max: int, max_num_seqs: int) -> Schedule:
+        """The schedule every worker starts with (its fallback when a lease runs out)."""
+        ...
+
+    def bind(self, workers: Sequence[VirtualWorker], ctx: LabContext) -> None:
+        """Called once, after the workers exist and before the run starts."""
+        ...
+
+    def on_tick(self, tick: TickContext) -> None:
+        """Called every ``tick_s`` of virtual time."""
+        ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class LabContext:
+    """What a policy may know about the run it is bound to."""
+
+    profile_name: str
+    tiers: Mapping[str, TierConfig]
+    tick_s: float
+    gpus_per_worker: int
+    usd_per_gpu_hour: float
+    phase_bounds: tuple[tuple[str, float, float], ...]
+    """``(phase name, start_s, end_s)`` on the lab clock."""
+
+
+@dataclass
+class StaticSchedule:
+    """A schedule fixed for the whole run: ``rows`` in vLLM's ``[[from_bs, to_bs, k], …]`` format."""
+
+    name: str
+    rows: tuple[tuple[int, int, int], ...]
+
+    @classmethod
+    def plain(cls, k: int) -> StaticSchedule:
+        return cls(f"k={k}", ((1, 1_000_000, k),))
+
+    def start_schedule(self, *, k_max: int, max_num_seqs: int) -> Schedule:
+        kept = [[a, b, min(k, k_max)] for a, b, k in self.rows if a <= max_num_seqs]
+        kept[-1][1] = max_num_seqs
+        return validate_schedule(kept, k_max=k_max, max_num_seqs=max_num_seqs)
+
+    def bind(self, workers: Sequence[VirtualWorker], ctx: LabContext) -> None:
+        return None
+
+    def on_tick(self, tick: TickContext) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+
+@dataclass
+class PhaseOracle:
+    """Runs ``k_by_phase[phase]`` during each phase (the k chosen in hindsight from the static runs)."""
+
+    name: str
+    k_by_phase: Mapping[str, int]
+    _bounds: tuple[tuple[str, float, float], ...] = ()
+    _workers: Sequence[VirtualWorker] = ()
+    _version: int = 0
+    _k: int | None = None
+
+    def _k_at(self, now_s: float) -> int:
+        for name, start, end in self._bounds:
+            if start <= now_s < end:
+                return self.k_by_phase[name]
+        return self.k_by_phase[self._bounds[-1][0]]
+
+    def start_schedule(self, *, k_max: int, max_num_seqs: int) -> Schedule:
+        first = next(iter(self.k_by_phase.values()))  # phases in scenario order
+        return uniform_schedule(min(first, k_max), max_num_seqs=max_num_seqs)
+
+    def bind(self, workers: Sequence[VirtualWorker], ctx: LabContext) -> None:
+        self._bounds, self._workers = ctx.phase_bounds, workers
+        self._k = self._k_at(0.0)
+
+    def on_tick(self, tick: TickContext) -> None:
+        # Decide for the next tick interval, so a switch lands on the phase boundary rather than after it.
+        k = self._k_at(tick.now_s + 1e-9)
+        if k != self._k:
+            self._version += 1
+            self._k = k
+        if self._version == 0:
+            return
+        for w in self._workers:
+            update = SpeculationUpdate(k=min(k, w.control.k_max), version=self._version, lease_seconds=ORACLE_LEASE_S)
+            w.control.apply(update)
+
+    def close(self) -> None:
+        return None
+
+
+def fleet_for(workers: Sequence[VirtualWorker], ctx: LabContext) -> FleetConfig:
+    """The fleet file the controller would be given for these simulated workers."""
+    return FleetConfig(
+        models=(ModelConfig(name=DEFAULT_MODEL_NAME, profile=ctx.profile_name),),
+        workers=tuple(
+            WorkerConfig(
+                id=w.worker_id,
+                url=f"http://virtual.invalid/{w.worker_id}",
+                model=w.model_name,
+                gpus=ctx.gpus_per_worker,
+                usd_per_gpu_hour=ctx.usd_per_gpu_hour,
+                max_num_seqs=w.control.max_num_seqs,
+            )
+            for w in workers
+        ),
+    )
+
+
+def tenants_for(tiers: Mapping[str, TierConfig]) -> TenantsConfig:
+    """One tenant per tier of the scenario, allowed every model."""
+    return TenantsConfig(tiers=dict(tiers), tenants=tuple(TenantConfig(id=name, tier=name) for name in tiers))
+
+
+@dataclass
+class ControllerPolicy:
+    """The gearshift controller, ticking in virtual time. Workers start at k_max, like a fresh vLLM worker."""
+
+    name: str = "gearshift"
+    settings_overrides: Mapping[str, object] = field(default_factory=dict)
+    controller: Controller | None = None
+    _loop: asyncio.AbstractEventLoop | None = None
+
+    def start_schedule(self, *, k_max: int, max_num_seqs: int) -> Schedule:
+        return uniform_schedule(k_max, max_num_seqs=max_num_seqs)
+
+    def bind(self, workers: Sequence[VirtualWorker], ctx: LabContext) -> None:
+        clock = workers[0].control.clock
+        controls: dict[str, SpeculationControl] = {w.worker_id: w.control for w in workers}
+        settings = ControllerSettings(
+            tick_s=ctx.tick_s, metrics_port=0, **dict(self.settings_overrides)  # type: ignore[arg-type]
+        )
+        self.controller = Controller(
+            fleet=fleet_for(workers, ctx),
+            tenants=tenants_for(ctx.tiers),
+            settings=settings,
+            source=RenderSource({w.worker_id: w.metrics_text for w in workers}, clock=clock),
+            actuator=ControlActuator(controls),
+            store=MemoryStore(clock=clock),
+            clock=clock,
+        )
+        self._loop = asyncio.new_event_loop()
+
+    def on_tick(self, tick: TickContext) -> None:
+        assert self._loop is not None and self.controller is not None, "bind() first"
+        self._loop.run_until_complete(self.controller.tick())
+
+    def close(self) -> None:
+        if self._loop is not None:
+            self._loop.close()
+            self._loop = None

@@ -1,0 +1,192 @@
+"""Per-worker estimator: smooths what the windows show (STYLE 8: the estimator smooths).
+
+- **Acceptance**: exponentially weighted sums of drafts and accepted tokens per draft position, so
+  ``a_i = accepted_i / drafts_i`` and the conditional ``p_i = a_i / a_{i-1}``. Positions the worker has not
+  drafted (at or above the k in force) keep what was last seen; positions never seen use the profile's prior,
+  shifted by how the observed positions compare with their prior (in rejection-odds: ``1 − p`` scaled by the
+  mean observed ``(1 − p̂)/(1 − prior)``), and every position is shrunk toward that prior with a pseudo-count.
+- **Load**: mean decode batch per step from counters (never the instantaneous gauge, vLLM #49548), queue,
+  KV usage, preemption rate, context per sequence (KV in use / running), and prompt tokens per output token
+  (a property of the workload: the prefill work a step carries grows with the tokens it emits, so a higher k
+  that finishes requests in fewer steps also brings their successors' prompts sooner).
+- **Step time**: a multiplicative correction of the profile's step time, EWMA of observed/predicted over busy
+  windows. The observed step time is window length / engine steps (the count of
+  ``vllm:iteration_tokens_total``) — vLLM exports no busy-time counter, so windows with idle time are skipped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from controller.model import predict_step
+from controller.window import Window
+from fleet.perf import Profile, conditional_acceptance
+
+
+class EstimatorConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    alpha: float = Field(0.3, gt=0, le=1)
+    """Weight of the newest window in every EWMA."""
+    prior_drafts: float = Field(50.0, ge=0)
+    """Pseudo-count of drafts behind the prior at each position (shrinkage strength)."""
+    min_drafts: float = Field(20.0, ge=0)
+    """Drafts a position needs before it counts as observed."""
+    correction_bounds: tuple[float, float] = (0.2, 5.0)
+
+
+@dataclass(frozen=True, slots=True)
+class Estimate:
+    """Everything the policy needs about one worker. Times in seconds, rates per second, fractions 0…1."""
+
+    worker_id: str
+    k_current: int
+    k_max: int
+    conditional: tuple[float, ...]
+    """Estimated P(draft i accepted | 0…i−1 accepted), i = 0…k_max−1 (observed, shrunk, or prior)."""
+    observed_positions: int = 0
+    """Leading positions with at least ``min_drafts`` smoothed drafts behind them."""
+    drafts_seen: float = 0.0
+    batch: float = 0.0
+    """Mean decoding sequences per step."""
+    context_per_seq: float = 0.0
+    prefill_per_token: float = 0.0
+    """Prompt tokens prefilled per output token generated (workload mix), tokens/token."""
+    waiting: float = 0.0
+    kv_usage: float = 0.0
+    preemption_rate: float = 0.0
+    step_correction: float = 1.0
+    step_observed_s: float | None = None
+    accepted_length: float | None = None
+    """Observed mean tokens per decoding request-step at ``k_current`` (None when nothing was drafted)."""
+    windows: int = 0
+    stale: bool = False
+    stale_for_s: float = 0.0
+
+
+def _ewma(old: float | None, new: float, alpha: float) -> float:
+    return new if old is None else (1 - alpha) * old + alpha * new
+
+
+@dataclass
+class WorkerEstimator:
+    """Smoothed state of one worker, fed one ``Window`` per tick."""
+
+    worker_id: str
+    profile: Profile
+    k_max: int
+    config: EstimatorConfig = field(default_factory=EstimatorConfig)
+    prior_workload: str | None = None
+    drafts_at: list[float] = field(default_factory=list)
+    accepted_at: list[float] = field(default_factory=list)
+    batch: float | None = None
+    context_per_seq: float | None = None
+    prefill_per_token: float | None = None
+    waiting: float | None = None
+    preemption_rate: float | None = None
+    correction: float | None = None
+    kv_usage: float = 0.0
+    k_current: int = 0
+    step_observed_s: float | None = None
+    accepted_length: float | None = None
+    windows: int = 0
+
+    def __post_init__(self) -> None:
+        self.drafts_at = self.drafts_at or [0.0] * self.k_max
+        self.accepted_at = self.accepted_at or [0.0] * self.k_max
+
+    def update(self, w: Window) -> None:
+        """Fold one window into the smoothed state."""
+        a = self.config.alpha
+        self.windows += 1
+        self.k_current = w.k
+        self.kv_usage = w.kv_usage
+        self.waiting = _ewma(self.waiting, w.waiting, a)
+        self.preemption_rate = _ewma(self.preemption_rate, w.preemptions / w.duration_s, a)
+        if w.steps > 0:
+            self.batch = _ewma(self.batch, w.decode_batch, a)
+        if w.generation_tokens > 0:
+            self.prefill_per_token = _ewma(self.prefill_per_token, w.prompt_tokens / w.generation_tokens, a)
+        if w.running > 0:
+            ctx = w.kv_usage * self.profile.hardware.kv_capacity_tokens / w.running
+            self.context_per_seq = _ewma(self.context_per_seq, ctx, a)
+        self.accepted_length = w.accepted_length
+        if w.k > 0 and w.drafts > 0:
+            for i in range(min(w.k, self.k_max)):
+                acc = w.accepted_per_pos[i] if i < len(w.accepted_per_pos) else 0.0
+                self.drafts_at[i] = (1 - a) * self.drafts_at[i] + w.drafts
+                self.accepted_at[i] = (1 - a) * self.accepted_at[i] + acc
+        self._update_correction(w)
+
+    def _update_correction(self, w: Window) -> None:
+        observed = w.step_s
+        self.step_observed_s = observed
+        if observed is None or w.steps <= 0:
+            return
+        predicted = predict_step(
+            self.profile,
+            batch=w.decode_batch,
+            k=w.k,
+            context_per_seq=self.context_per_seq or 0.0,
+            prefill_per_step=w.prompt_tokens / w.steps,
+        ).total_s
+        if predicted <= 0:
+            return
+        lo, hi = self.config.correction_bounds
+        self.correction = _ewma(self.correction, min(max(observed / predicted, lo), hi), self.config.alpha)
+
+    def prior(self) -> tuple[float, ...]:
+        workload = self.prior_workload or self.profile.default_workload
+        return conditional_acceptance(self.profile, workload, self.context_per_seq or 0.0)[: self.k_max]
+
+    def conditional(self) -> tuple[tuple[float, ...], int]:
+        """Estimated conditional acceptance per position and the number of observed leading positions."""
+        prior = self.prior()
+        cfg = self.config
+        raw: list[float | None] = []
+        prev_a = 1.0
+        for d, acc in zip(self.drafts_at, self.accepted_at, strict=True):
+            if d < cfg.min_drafts or prev_a <= 0:
+                break
+            a_i = acc / d
+            raw.append(min(a_i / prev_a, 1.0))
+            prev_a = a_i
+        observed = len(raw)
+        odds = [(1 - p) / max(1 - q, 1e-6) for p, q in zip(raw, prior, strict=False) if p is not None]
+        scale = sum(odds) / len(odds) if odds else 1.0
+        out = []
+        for i, q in enumerate(prior):
+            shifted = min(max(1 - (1 - q) * scale, 0.0), 0.99)
+            if i < observed:
+                n = self.drafts_at[i]
+                p_obs = raw[i]
+                assert p_obs is not None
+                out.append((n * p_obs + cfg.prior_drafts * shifted) / (n + cfg.prior_drafts))
+            else:
+                out.append(shifted)
+        return tuple(out), observed
+
+    def estimate(self, *, stale: bool = False, stale_for_s: float = 0.0) -> Estimate:
+        conditional, observed = self.conditional()
+        return Estimate(
+            worker_id=self.worker_id,
+            k_current=self.k_current,
+            k_max=self.k_max,
+            conditional=conditional,
+            observed_positions=observed,
+            drafts_seen=self.drafts_at[0] if self.drafts_at else 0.0,
+            batch=self.batch or 0.0,
+            context_per_seq=self.context_per_seq or 0.0,
+            prefill_per_token=self.prefill_per_token or 0.0,
+            waiting=self.waiting or 0.0,
+            kv_usage=self.kv_usage,
+            preemption_rate=self.preemption_rate or 0.0,
+            step_correction=self.correction or 1.0,
+            step_observed_s=self.step_observed_s,
+            accepted_length=self.accepted_length,
+            windows=self.windows,
+            stale=stale,
+            stale_for_s=stale_for_s,
+        )

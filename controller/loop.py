@@ -1,0 +1,334 @@
+"""The control loop: per worker, every tick, scrape → window → estimator → policy → stabiliser → actuator,
+then cost and publication (DESIGN §5). One leader at a time through the store's lease (HA).
+
+The loop never dies of a transient error (STYLE 10): each worker's tick is isolated, a failing tick is
+counted and retried after an exponential back-off, and a failing worker is only marked stale.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from controller.actuator import ActuationError, Actuator
+from controller.canary import CanaryGate
+from controller.cost import WorkerCost, worker_cost
+from controller.estimator import Estimate, WorkerEstimator
+from controller.metrics import ControllerMetrics
+from controller.metrics_text import WorkerScrape
+from controller.policy import Decision, decide
+from controller.settings import ControllerSettings
+from controller.sources import MetricsSource, SourceError
+from controller.stabiliser import Action, ActionKind, StabiliserState, initial_state, stabilise
+from controller.window import Window, WindowBreak, window_between
+from fleet.clock import Clock
+from fleet.config import FleetConfig, TenantsConfig, WorkerConfig
+from fleet.perf import Profile, load_profile
+from fleet.speculation import SpeculationUpdate
+from fleet.store import Store, WorkerState
+
+log = logging.getLogger("gearshift.controller")
+
+
+def tpot_target(model: str, tenants: TenantsConfig) -> float | None:
+    """The tightest TPOT target among the tiers of tenants allowed to use ``model`` (seconds; None: none)."""
+    targets = [
+        tier.tpot_target_s
+        for t in tenants.tenants
+        if t.allows(model) and (tier := tenants.tiers[t.tier]).tpot_target_s is not None
+    ]
+    return min(targets) if targets else None
+
+
+@dataclass
+class WorkerRuntime:
+    """The controller's memory of one worker."""
+
+    config: WorkerConfig
+    profile: Profile
+    estimator: WorkerEstimator
+    tpot_target_s: float | None
+    first_seen_s: float
+    prev: WorkerScrape | None = None
+    last_ok_s: float | None = None
+    stab: StabiliserState | None = None
+    version: int | None = None
+    k_applied: int | None = None
+    renew_at_s: float = 0.0
+    rebase: bool = False
+    window: Window | None = None
+    estimate: Estimate | None = None
+    decision: Decision | None = None
+    action: Action | None = None
+    cost: WorkerCost | None = None
+    savings_usd: float = 0.0
+    usd_since_attribution: float = 0.0
+    switches: list[tuple[float, int]] = field(default_factory=list)
+    """``(controller time, k)`` for every applied change (for reports and flap checks)."""
+
+    @property
+    def k_desired(self) -> int | None:
+        return self.stab.k if self.stab else None
+
+
+class Controller:
+    """Controls every worker of a fleet. ``tick`` is one pass (as leader); ``run`` adds leadership and pacing."""
+
+    def __init__(
+        self,
+        *,
+        fleet: FleetConfig,
+        tenants: TenantsConfig,
+        settings: ControllerSettings,
+        source: MetricsSource,
+        actuator: Actuator,
+        store: Store,
+        clock: Clock,
+        metrics: ControllerMetrics | None = None,
+        holder_id: str = "controller",
+        profiles: Mapping[str, Profile] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.source = source
+        self.actuator = actuator
+        self.store = store
+        self.clock = clock
+        self.metrics = metrics or ControllerMetrics()
+        self.holder_id = holder_id
+        self.is_leader = False
+        now = clock.monotonic()
+        loaded: dict[str, Profile] = dict(profiles or {})
+        self.workers: dict[str, WorkerRuntime] = {}
+        for w in fleet.workers:
+            model = fleet.model(w.model)
+            assert model is not None  # FleetConfig validates worker models
+            if model.profile not in loaded:
+                loaded[model.profile] = load_profile(model.profile)
+            profile = loaded[model.profile]
+            k_max = min(w.drafter.k_max, profile.drafter.k_max)
+            est = WorkerEstimator(w.id, profile, k_max, settings.estimator)
+            self.workers[w.id] = WorkerRuntime(w, profile, est, tpot_target(w.model, tenants), now)
+        self.canary = (
+            CanaryGate(settings.canary_worker, settings.canary_ticks) if settings.canary_worker is not None else None
+        )
+
+    # ------------------------------------------------------------------------------------------- one tick
+    async def tick(self) -> None:
+        """One pass over every worker (concurrently); a worker's failure never stops the others."""
+        with self.metrics.tick_duration.time():
+            results = await asyncio.gather(
+                *(self._tick_worker(rt) for rt in self.workers.values()), return_exceptions=True
+            )
+        for rt, res in zip(self.workers.values(), results, strict=True):
+            if isinstance(res, BaseException):
+                if not isinstance(res, Exception):
+                    raise res
+                self.metrics.tick_failures.inc()
+                log.warning("worker %s: tick failed: %r", rt.config.id, res)
+
+    async def _tick_worker(self, rt: WorkerRuntime) -> None:
+        now = self.clock.monotonic()
+        scrape = await self._scrape(rt, now)
+        if scrape is not None and rt.version is None:
+            await self._learn_version(rt)
+        stale = scrape is None
+        stale_for = now - (rt.last_ok_s if rt.last_ok_s is not None else rt.first_seen_s)
+        est = rt.estimator.estimate(stale=stale, stale_for_s=stale_for if stale else 0.0)
+        decision = decide(est, rt.profile, tpot_target_s=rt.tpot_target_s, config=self.settings.policy)
+        if self.canary is not None and rt.decision is not None:
+            self.canary.observe(rt.config.id, rt.window, rt.decision.candidate(rt.window.k) if rt.window else None)
+        if rt.stab is None:
+            rt.stab = initial_state(rt.k_applied if rt.k_applied is not None else est.k_max, now)
+            if self.canary is not None:
+                self.canary.validated.add(rt.stab.k)
+        new_state, action = stabilise(rt.stab, decision, est, now, self.settings.stabiliser)
+        if self.canary is not None and not self.canary.allows(rt.config.id, action):
+            action = Action(
+                rt.stab.k, ActionKind.HOLD, f"canary: k={action.k} not yet validated on {self.canary.canary_id}"
+            )
+        else:
+            rt.stab = new_state
+        rt.estimate, rt.decision, rt.action = est, decision, action
+        if action.changed:
+            log.info("worker %s: %s → k=%d: %s", rt.config.id, action.kind, action.k, action.reason)
+        self.metrics.decisions.labels(rt.config.id, action.kind.value).inc()
+        if not self.settings.dry_run and not stale:
+            await self._actuate(rt, now)
+        self._account(rt)
+        await self._publish(rt)
+
+    async def _scrape(self, rt: WorkerRuntime, now: float) -> WorkerScrape | None:
+        wid = rt.config.id
+        try:
+            scrape = await self.source.scrape(rt.config)
+        except SourceError as exc:
+            self.metrics.scrape_failures.labels(wid).inc()
+            self.metrics.stale.labels(wid).set(1)
+            log.warning("%s", exc)
+            rt.window = None
+            return None
+        self.metrics.stale.labels(wid).set(0)
+        rt.window = None
+        if rt.prev is not None and not rt.rebase:
+            try:
+                rt.window = window_between(rt.prev, scrape, k=rt.k_applied or 0)
+                rt.estimator.update(rt.window)
+            except WindowBreak as exc:
+                log.debug("worker %s: window skipped: %s", wid, exc)
+        rt.prev, rt.rebase, rt.last_ok_s = scrape, False, now
+        if scrape.spec_k is not None:
+            rt.k_applied = scrape.spec_k
+        if scrape.spec_version is not None and rt.version is not None and scrape.spec_version < rt.version:
+            rt.version = scrape.spec_version  # the worker restarted: its versions start again
+        return scrape
+
+    async def _learn_version(self, rt: WorkerRuntime) -> None:
+        try:
+            state = await self.actuator.current(rt.config)
+        except ActuationError as exc:
+            self.metrics.actuation_failures.labels(rt.config.id).inc()
+            log.warning("%s", exc)
+            return
+        rt.version = state.version
+        rt.k_applied = max(row[2] for row in state.schedule)
+
+    async def _actuate(self, rt: WorkerRuntime, now: float) -> None:
+        if rt.stab is None or rt.version is None:
+            return
+        change = rt.stab.k != rt.k_applied
+        renew = rt.version > 0 and now >= rt.renew_at_s
+        if not change and not renew:
+            return
+        version = rt.version + 1 if change else rt.version
+        reason = rt.action.reason if rt.action is not None else ""
+        update = SpeculationUpdate(
+            k=rt.stab.k, version=version, lease_seconds=self.settings.schedule_lease_s, reason=reason[:500]
+        )
+        try:
+            state = await self.actuator.apply(rt.config, update)
+        except ActuationError as exc:
+            self.metrics.actuation_failures.labels(rt.config.id).inc()
+            log.warning("%s", exc)
+            if exc.stale_version:
+                rt.version = None  # learn the worker's version again next tick
+            return
+        rt.version = state.version
+        rt.k_applied = max(row[2] for row in state.schedule)
+        rt.renew_at_s = now + self.settings.schedule_lease_s / 2
+        if change:
+            rt.rebase = True  # the next window would straddle the switch
+            rt.switches.append((now, rt.k_applied))
+
+    # ------------------------------------------------------------------------------------ cost and output
+    def _account(self, rt: WorkerRuntime) -> None:
+        m, wid = self.metrics, rt.config.id
+        est, decision = rt.estimate, rt.decision
+        if est is None or decision is None:
+            return
+        if rt.stab is not None:
+            m.k_desired.labels(wid).set(rt.stab.k)
+        if rt.k_applied is not None:
+            m.k_applied.labels(wid).set(rt.k_applied)
+        m.decode_batch.labels(wid).set(est.batch)
+        m.step_correction.labels(wid).set(est.step_correction)
+        m.overloaded.labels(wid).set(1 if decision.overloaded else 0)
+        chosen = decision.candidate(rt.stab.k) if rt.stab else None
+        if chosen is not None:
+            m.tpot_predicted.labels(wid).set(chosen.tpot_s)
+        if est.accepted_length is not None:
+            m.accepted_length.labels(wid).set(est.accepted_length)
+        if est.step_observed_s is not None:
+            m.step_observed.labels(wid).set(est.step_observed_s)
+        w = rt.window
+        current = decision.candidate(w.k) if w is not None else None
+        k0 = decision.candidate(0)
+        if w is None or current is None or k0 is None:
+            return
+        m.step_predicted.labels(wid).set(current.step_s)
+        rt.cost = worker_cost(usd_per_s=rt.config.usd_per_second, window=w, current=current, k0=k0)
+        rt.savings_usd += rt.cost.savings_usd
+        rt.usd_since_attribution += rt.cost.usd
+        if rt.cost.usd_per_mtok is not None:
+            m.usd_per_mtok.labels(wid).set(rt.cost.usd_per_mtok)
+        if rt.cost.usd_per_mtok_k0 is not None:
+            m.usd_per_mtok_k0.labels(wid).set(rt.cost.usd_per_mtok_k0)
+        m.drafter_share.labels(wid).set(rt.cost.drafter_share)
+        m.rejected_share.labels(wid).set(rt.cost.rejected_share)
+        m.savings.labels(wid).set(rt.savings_usd)
+
+    def worker_state(self, rt: WorkerRuntime) -> WorkerState:
+        est, decision = rt.estimate, rt.decision
+        chosen = decision.candidate(rt.stab.k) if decision is not None and rt.stab is not None else None
+        scrape = rt.prev
+        return WorkerState(
+            worker_id=rt.config.id,
+            model=rt.config.model,
+            k_desired=rt.k_desired if rt.k_desired is not None else -1,
+            k_applied=rt.k_applied if rt.k_applied is not None else -1,
+            accepted_length=est.accepted_length or 1.0 if est else 1.0,
+            acceptance_per_pos=list(est.conditional) if est else [],
+            tpot_predicted_s=chosen.tpot_s if chosen else None,
+            running=scrape.running if scrape else 0.0,
+            waiting=scrape.waiting if scrape else 0.0,
+            kv_usage=scrape.kv_usage if scrape else 0.0,
+            usd_per_mtok=rt.cost.usd_per_mtok if rt.cost else None,
+            overloaded=decision.overloaded if decision else False,
+            stale=est.stale if est else True,
+            reason=rt.action.reason if rt.action else "",
+            updated_at=self.clock.wall(),
+        )
+
+    async def _publish(self, rt: WorkerRuntime) -> None:
+        await self.store.publish_worker_state(self.worker_state(rt), ttl_s=self.settings.state_ttl_s)
+
+    # ------------------------------------------------------------------------------------ leadership + pacing
+    async def lead_once(self) -> bool:
+        """Take or renew the leader lease; tick if held. True when this replica led this tick."""
+        leader = await self.store.acquire_lease(
+            self.settings.leader_lease_name, self.holder_id, ttl_s=self.settings.leader_lease_s
+        )
+        if leader and not self.is_leader:
+            log.info("controller %s: became leader", self.holder_id)
+            for rt in self.workers.values():  # another leader may have moved versions and leases meanwhile
+                rt.version, rt.renew_at_s, rt.rebase = None, 0.0, True
+        self.is_leader = leader
+        self.metrics.leader.set(1 if leader else 0)
+        if leader:
+            await self.tick()
+        return leader
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Lead (or stand by) every ``tick_s`` until ``stop`` is set; never dies of a transient error."""
+        failures = 0
+        try:
+            while not stop.is_set():
+                started = self.clock.monotonic()
+                try:
+                    await self.lead_once()
+                    failures = 0
+                except Exception as exc:
+                    failures += 1
+                    self.metrics.tick_failures.inc()
+                    log.warning("controller tick failed (%d in a row): %r", failures, exc)
+                delay = self.settings.tick_s * (2 ** min(failures, 10) if failures else 1)
+                delay = min(delay, max(self.settings.max_backoff_s, self.settings.tick_s))
+                await self._sleep_or_stop(stop, max(delay - (self.clock.monotonic() - started), 0.0))
+        finally:
+            if self.is_leader:
+                self.is_leader = False
+                self.metrics.leader.set(0)
+                try:
+                    await self.store.release_lease(self.settings.leader_lease_name, self.holder_id)
+                except Exception as exc:  # a dead store lets the lease expire on its own
+                    log.warning("releasing the leader lease failed: %r", exc)
+
+    async def _sleep_or_stop(self, stop: asyncio.Event, seconds: float) -> None:
+        sleeper = asyncio.ensure_future(self.clock.sleep(seconds))
+        stopper = asyncio.ensure_future(stop.wait())
+        try:
+            await asyncio.wait({sleeper, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for t in (sleeper, stopper):
+                t.cancel()

@@ -1,0 +1,169 @@
+"""The stabiliser: limits how the applied k changes (STYLE 8; after Kubernetes' HPA).
+
+A pure step function ``stabilise(state, decision, estimate, now) -> (state, action)``:
+
+1. **Stale metrics**: hold for ``stale_hold_s``, then fall to the conservative default k.
+2. **No data yet**: hold.
+3. **Probe** in progress: hold at k_max for ``probe_s``, then take the policy's (now informed) k; a risk aborts it.
+4. **Fast down**: when the policy flags a risk (KV, preemptions, acceptance collapse, a missed TPOT target) and
+   wants a lower k, switch at once, ignoring dwell. A collapse schedules a re-probe after ``collapse_reprobe_s``.
+5. **Probe due**: every ``probe_interval_s`` below k_max, if the policy predicts k_max costs at most
+   ``probe_max_loss`` of goodput — positions above the current k are unobservable otherwise.
+6. **Normal**: a recommendation counts only if its predicted gain exceeds ``gain_threshold``; after
+   ``min_dwell_s`` at the current k, go up when the last ``up_ticks`` recommendations were all higher (to the
+   lowest of them), down when the last ``down_ticks`` were all lower (to the highest of them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from controller.estimator import Estimate
+from controller.policy import Decision, Risk
+
+
+class StabiliserConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    gain_threshold: float = Field(0.05, ge=0)
+    up_ticks: int = Field(3, ge=1)
+    down_ticks: int = Field(2, ge=1)
+    min_dwell_s: float = Field(10.0, ge=0)
+    probe_interval_s: float = Field(60.0, gt=0)
+    probe_s: float = Field(4.0, gt=0)
+    """How long a probe holds k_max: at least two ticks (the window that contains the switch is discarded)."""
+    probe_max_loss: float = Field(0.25, ge=0, le=1)
+    collapse_reprobe_s: float = Field(60.0, gt=0)
+    stale_hold_s: float = Field(10.0, ge=0)
+    conservative_k: int = Field(1, ge=0)
+    """The k a worker whose metrics stay stale is set to: small enough to cost little at any load."""
+
+    @model_validator(mode="after")
+    def _check(self) -> StabiliserConfig:
+        if self.probe_interval_s <= self.probe_s:
+            raise ValueError("probe_interval_s: must exceed probe_s")
+        return self
+
+
+class ActionKind(StrEnum):
+    HOLD = "hold"
+    UP = "up"
+    DOWN = "down"
+    FAST_DOWN = "fast-down"
+    PROBE = "probe"
+    PROBE_END = "probe-end"
+    STALE_DEFAULT = "stale-default"
+
+
+@dataclass(frozen=True, slots=True)
+class StabiliserState:
+    k: int
+    since_s: float
+    history: tuple[int, ...] = ()
+    probe_until_s: float | None = None
+    last_probe_s: float = 0.0
+    reprobe_at_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    k: int
+    kind: ActionKind
+    reason: str
+
+    @property
+    def changed(self) -> bool:
+        return self.kind is not ActionKind.HOLD
+
+
+def initial_state(k: int, now: float) -> StabiliserState:
+    """State for a worker first seen at ``now`` running ``k`` (its first probe is one interval away)."""
+    return StabiliserState(k=k, since_s=now, last_probe_s=now)
+
+
+def _switch(
+    state: StabiliserState, k: int, now: float, kind: ActionKind, reason: str
+) -> tuple[StabiliserState, Action]:
+    if k == state.k:
+        return replace(state, history=(), probe_until_s=None), Action(k, ActionKind.HOLD, reason)
+    new = replace(state, k=k, since_s=now, history=(), probe_until_s=None)
+    return new, Action(k, kind, reason)
+
+
+def _hold(state: StabiliserState, reason: str) -> tuple[StabiliserState, Action]:
+    return state, Action(state.k, ActionKind.HOLD, reason)
+
+
+def stabilise(
+    state: StabiliserState, decision: Decision, est: Estimate, now: float, cfg: StabiliserConfig
+) -> tuple[StabiliserState, Action]:
+    """One tick of the stabiliser for one worker (pure)."""
+    if est.stale:
+        if est.stale_for_s < cfg.stale_hold_s:
+            return _hold(state, f"metrics stale for {est.stale_for_s:.0f} s: holding")
+        k = min(cfg.conservative_k, est.k_max)
+        return _switch(state, k, now, ActionKind.STALE_DEFAULT, f"metrics stale for {est.stale_for_s:.0f} s: k={k}")
+    if est.windows == 0:
+        return _hold(state, "no complete metrics window yet: holding")
+    if state.probe_until_s is not None:
+        if decision.risk in (Risk.KV, Risk.PREEMPTION, Risk.COLLAPSE):
+            return _switch(state, decision.k, now, ActionKind.FAST_DOWN, f"probe aborted: {decision.reason}")
+        if now < state.probe_until_s:
+            return _hold(state, f"probing k={state.k} until acceptance beyond the old k is measured")
+        return _switch(state, decision.k, now, ActionKind.PROBE_END, f"probe done: {decision.reason}")
+    if decision.risk is not Risk.NONE and decision.k < state.k:
+        new, action = _switch(state, decision.k, now, ActionKind.FAST_DOWN, decision.reason)
+        if decision.risk is Risk.COLLAPSE:
+            new = replace(new, reprobe_at_s=now + cfg.collapse_reprobe_s)
+        return new, action
+    probe = _probe(state, decision, est, now, cfg)
+    if probe is not None:
+        return probe
+    return _normal(state, decision, now, cfg)
+
+
+def _probe(
+    state: StabiliserState, decision: Decision, est: Estimate, now: float, cfg: StabiliserConfig
+) -> tuple[StabiliserState, Action] | None:
+    if state.k >= est.k_max or decision.risk is not Risk.NONE:
+        return None
+    if state.reprobe_at_s is not None:
+        if now < state.reprobe_at_s:
+            return None
+        why = "re-probing after an acceptance collapse"
+    else:
+        if now - state.last_probe_s < cfg.probe_interval_s:
+            return None
+        top, cur = decision.candidate(est.k_max), decision.candidate(state.k)
+        if top is None or cur is None or top.goodput_tok_s < (1 - cfg.probe_max_loss) * cur.goodput_tok_s:
+            return None
+        why = "periodic probe: positions above the current k are unobservable"
+    new = replace(
+        state, k=est.k_max, since_s=now, history=(), probe_until_s=now + cfg.probe_s, last_probe_s=now,
+        reprobe_at_s=None,
+    )  # fmt: skip
+    return new, Action(est.k_max, ActionKind.PROBE, why)
+
+
+def _normal(
+    state: StabiliserState, decision: Decision, now: float, cfg: StabiliserConfig
+) -> tuple[StabiliserState, Action]:
+    wanted = decision.k if decision.gain >= cfg.gain_threshold else state.k
+    history = (*state.history, wanted)[-max(cfg.up_ticks, cfg.down_ticks) :]
+    state = replace(state, history=history)
+    if now - state.since_s < cfg.min_dwell_s:
+        return _hold(state, f"dwell: {now - state.since_s:.0f} s of {cfg.min_dwell_s:.0f} s at k={state.k}")
+    ups = history[-cfg.up_ticks :]
+    if len(ups) == cfg.up_ticks and all(k > state.k for k in ups):
+        return _switch(state, min(ups), now, ActionKind.UP, decision.reason)
+    downs = history[-cfg.down_ticks :]
+    if len(downs) == cfg.down_ticks and all(k < state.k for k in downs):
+        return _switch(state, max(downs), now, ActionKind.DOWN, decision.reason)
+    if wanted != state.k:
+        return _hold(state, f"k={wanted} preferred, waiting for it to persist: {decision.reason}")
+    if decision.k != state.k:
+        return _hold(state, f"gain {decision.gain:+.0%} of k={decision.k} below {cfg.gain_threshold:.0%}: holding")
+    return _hold(state, decision.reason)

@@ -1,0 +1,1 @@
+"""Grafana dashboards and SLA rules as code: ``python -m dashboards.build``."""

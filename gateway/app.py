@@ -1,0 +1,110 @@
+"""The app factory: ``create_app(settings, *, store, clock, …)``; resources are built in the lifespan."""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+
+import aiohttp
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from opentelemetry.sdk.trace.export import SpanExporter
+from prometheus_client import CollectorRegistry
+from starlette.exceptions import HTTPException
+from starlette.responses import Response
+
+from fleet.clock import Clock
+from fleet.config import FleetConfig, TenantsConfig
+from fleet.store import Store
+from gateway import errors
+from gateway.core import running_gateway
+from gateway.metrics import GatewayMetrics
+from gateway.middleware import RequestIdMiddleware
+from gateway.routes_admin import router as admin_router
+from gateway.routes_openai import router as openai_router
+from gateway.routes_ops import router as ops_router
+from gateway.settings import GatewaySettings
+
+log = logging.getLogger(__name__)
+
+_STATUS_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error", 429: "rate_limit_error"}
+
+
+def create_app(
+    settings: GatewaySettings,
+    *,
+    store: Store,
+    clock: Clock,
+    fleet: FleetConfig,
+    tenants: TenantsConfig,
+    upstream_session: aiohttp.ClientSession | None = None,
+    registry: CollectorRegistry | None = None,
+    span_exporter: SpanExporter | None = None,
+    rng: random.Random | None = None,
+) -> FastAPI:
+    """The gateway app. ``upstream_session`` defaults to a pooled session built (and closed) in the lifespan;
+    the store is owned by the caller and not closed here."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        metrics = GatewayMetrics(registry)
+        async with running_gateway(
+            settings,
+            store=store,
+            clock=clock,
+            fleet=fleet,
+            tenants=tenants,
+            metrics=metrics,
+            upstream_session=upstream_session,
+            span_exporter=span_exporter,
+            rng=rng,
+        ) as gw:
+            app.state.gateway = gw
+            yield
+
+    app = FastAPI(title="gearshift gateway", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.include_router(openai_router)
+    app.include_router(admin_router)
+    app.include_router(ops_router)
+    install_error_handlers(app)
+    app.add_middleware(RequestIdMiddleware)
+    return app
+
+
+def _error_response(request: Request, status: int, body: bytes, headers: Mapping[str, str] | None = None) -> Response:
+    gw = getattr(request.app.state, "gateway", None)
+    if gw is not None:
+        kind = _STATUS_TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
+        gw.metrics.errors.labels(type=kind, status=str(status)).inc()
+    return Response(body, status_code=status, headers=headers, media_type="application/json")
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """One handler per error family, each rendering the OpenAI error body."""
+
+    async def gateway_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, errors.GatewayError)
+        return _error_response(request, exc.status, errors.render(exc), exc.headers())
+
+    async def validation_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, RequestValidationError)
+        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+        param = ".".join(str(p) for p in first["loc"] if p not in ("body", "query", "path"))
+        body = errors.error_body(f"{param or 'request'}: {first['msg']}", type="invalid_request_error", param=param)
+        return _error_response(request, 400, body)
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        kind = _STATUS_TYPES.get(exc.status_code, "invalid_request_error" if exc.status_code < 500 else "api_error")
+        return _error_response(request, exc.status_code, errors.error_body(str(exc.detail), type=kind), exc.headers)
+
+    async def unexpected(request: Request, exc: Exception) -> Response:
+        log.exception("unhandled error", exc_info=exc)
+        return _error_response(request, 500, errors.error_body("Internal error in the gateway.", type="api_error"))
+
+    app.add_exception_handler(errors.GatewayError, gateway_error)
+    app.add_exception_handler(RequestValidationError, validation_error)
+    app.add_exception_handler(HTTPException, http_error)
+    app.add_exception_handler(Exception, unexpected)

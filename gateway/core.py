@@ -1,0 +1,105 @@
+"""The gateway's resources, built once in the app's lifespan and closed there."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import aiohttp
+from opentelemetry import trace
+from opentelemetry.sdk.trace.export import SpanExporter
+
+from fleet.clock import Clock
+from fleet.config import FleetConfig, TenantsConfig
+from fleet.store import Store
+from gateway.admission import Admitter
+from gateway.auth import KeyRing
+from gateway.metering import LedgerWriter
+from gateway.metrics import GatewayMetrics
+from gateway.pool import WorkerPool
+from gateway.routing import Router, default_router
+from gateway.settings import GatewaySettings
+from gateway.tracing import build_tracing
+from gateway.upstream import Upstream, new_session
+
+
+@dataclass
+class Gateway:
+    settings: GatewaySettings
+    fleet: FleetConfig
+    tenants: TenantsConfig
+    store: Store
+    clock: Clock
+    metrics: GatewayMetrics
+    keys: KeyRing
+    admitter: Admitter
+    pool: WorkerPool
+    router: Router
+    upstream: Upstream
+    ledger: LedgerWriter
+    tracer: trace.Tracer
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+
+@contextlib.asynccontextmanager
+async def running_gateway(
+    settings: GatewaySettings,
+    *,
+    store: Store,
+    clock: Clock,
+    fleet: FleetConfig,
+    tenants: TenantsConfig,
+    metrics: GatewayMetrics,
+    upstream_session: aiohttp.ClientSession | None = None,
+    span_exporter: SpanExporter | None = None,
+    rng: random.Random | None = None,
+) -> AsyncIterator[Gateway]:
+    """Build every resource, start the background loops, and tear it all down on exit."""
+    session = upstream_session or new_session(settings)
+    tracing = build_tracing(settings, exporter=span_exporter)
+    pool = WorkerPool(fleet=fleet, store=store, clock=clock, settings=settings, metrics=metrics)
+    ledger = LedgerWriter(store, clock=clock, metrics=metrics)
+    gw = Gateway(
+        settings=settings,
+        fleet=fleet,
+        tenants=tenants,
+        store=store,
+        clock=clock,
+        metrics=metrics,
+        keys=KeyRing(
+            tenants,
+            store,
+            pepper=settings.key_pepper.get_secret_value(),
+            clock=clock,
+            cache_ttl_s=settings.key_cache_ttl_s,
+        ),
+        admitter=Admitter(store, clock=clock),
+        pool=pool,
+        router=default_router(
+            weight_queue=settings.weight_queue,
+            weight_kv=settings.weight_kv,
+            weight_speculation=settings.weight_speculation,
+            rng=rng,
+        ),
+        upstream=Upstream(session, pool=pool, settings=settings, metrics=metrics),
+        ledger=ledger,
+        tracer=tracing.tracer,
+    )
+    ledger.start()
+    gw.tasks = [
+        asyncio.create_task(pool.run_loop("shared-state", pool.refresh_shared, settings.state_refresh_s)),
+        asyncio.create_task(pool.run_loop("health", lambda: pool.probe_health(session), settings.health_interval_s)),
+    ]
+    try:
+        yield gw
+    finally:
+        for task in gw.tasks:
+            task.cancel()
+        await asyncio.gather(*gw.tasks, return_exceptions=True)
+        await ledger.close()
+        if upstream_session is None:
+            await session.close()
+        tracing.shutdown()

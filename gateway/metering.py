@@ -1,0 +1,96 @@
+"""Metering: a request's cost, its usage record, and the background writer that puts records in the
+ledger without making the client wait — and without losing them.
+
+**Cost method.** When the controller publishes the worker's cost per output token (``usd_per_mtok``, which
+already includes the drafter and the rejected drafts), a request costs ``completion_tokens × usd_per_mtok / 1e6``.
+Without a controller the gateway falls back to the fleet file's price and the throughput it observes:
+the worker costs ``usd_per_second = gpus × usd_per_gpu_hour / 3600``; a request that kept the worker busy
+for ``d`` seconds while ``n`` requests of this gateway were open on it is charged ``usd_per_second × d / n``
+(equivalently its tokens at the observed aggregate throughput ``n × tokens / d``). With several replicas
+each sees only its own share of the load, so this fallback overstates cost; the controller's figure does not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+
+from fleet.clock import Clock
+from fleet.store import Store, UsageRecord
+from gateway.metrics import GatewayMetrics
+from gateway.pool import WorkerView
+
+log = logging.getLogger(__name__)
+
+
+def request_cost(worker: WorkerView, *, completion_tokens: int, busy_s: float, concurrent: int) -> float:
+    """USD charged for one request (see the module docstring for the method)."""
+    state = worker.state
+    if state is not None and state.usd_per_mtok is not None:
+        return completion_tokens * state.usd_per_mtok / 1e6
+    return worker.config.usd_per_second * max(busy_s, 0.0) / max(concurrent, 1)
+
+
+Job = Callable[[], Awaitable[None]]
+
+
+class LedgerWriter:
+    """Runs store writes (ledger appends, and settlements the response path could not await) in the
+    background, in order, retrying each until it succeeds. ``close`` drains what is queued."""
+
+    def __init__(self, store: Store, *, clock: Clock, metrics: GatewayMetrics, retry_s: float = 0.5) -> None:
+        self._store = store
+        self._clock = clock
+        self._metrics = metrics
+        self._retry_s = retry_s
+        self._queue: asyncio.Queue[Job] = asyncio.Queue()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="gateway-ledger")
+
+    def append(self, record: UsageRecord) -> None:
+        self.submit(lambda: self._store.append_usage(record))
+
+    def submit(self, job: Job) -> None:
+        self._queue.put_nowait(job)
+        self._metrics.ledger_backlog.set(self._queue.qsize())
+
+    async def idle(self) -> None:
+        """Wait until every queued job has run (tests, shutdown)."""
+        await self._queue.join()
+
+    async def _run(self) -> None:
+        while True:
+            job = await self._queue.get()
+            await self._until_done(job)
+            self._queue.task_done()
+            self._metrics.ledger_backlog.set(self._queue.qsize())
+
+    async def _until_done(self, job: Job) -> None:
+        delay = self._retry_s
+        while True:
+            try:
+                await job()
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the store may be briefly away: keep the record and retry
+                self._metrics.loop_errors.labels(loop="ledger").inc()
+                log.warning("ledger write failed, retrying in %.1f s: %s", delay, exc)
+                await self._clock.sleep(delay)
+                delay = min(delay * 2, 10.0)
+
+    async def close(self, *, drain_s: float = 5.0) -> None:
+        """Drain the queue for up to ``drain_s`` seconds, then stop; anything left is logged as lost."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(drain_s):
+                await self._queue.join()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self._queue.qsize():
+            log.error("%d usage/settle writes could not be stored before shutdown", self._queue.qsize())

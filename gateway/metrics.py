@@ -1,0 +1,66 @@
+"""The gateway's Prometheus metrics, on a registry built per app (no import-time singletons).
+
+Label sets are bounded: ``tenant`` and ``model`` come from the config files, ``worker`` from the fleet file,
+``tier`` from the tiers, ``reason``/``type``/``status`` from fixed sets in code — never from request data.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+REQUESTS: Final = "gearshift_gateway_requests"
+TOKENS: Final = "gearshift_gateway_tokens"
+ERRORS: Final = "gearshift_gateway_errors"
+TTFT: Final = "gearshift_gateway_time_to_first_token_seconds"
+TPOT: Final = "gearshift_gateway_time_per_output_token_seconds"
+E2E: Final = "gearshift_gateway_request_duration_seconds"
+ADMISSION_REJECTIONS: Final = "gearshift_gateway_admission_rejections"
+IN_FLIGHT: Final = "gearshift_gateway_in_flight_requests"
+UPSTREAM_RETRIES: Final = "gearshift_gateway_upstream_retries"
+EJECTIONS: Final = "gearshift_gateway_worker_ejections"
+WORKER_HEALTHY: Final = "gearshift_gateway_worker_healthy"
+COST: Final = "gearshift_gateway_cost_usd"
+LOOP_ERRORS: Final = "gearshift_gateway_background_errors"
+LEDGER_BACKLOG: Final = "gearshift_gateway_ledger_backlog"
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+_TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5, 1.0)
+
+
+class GatewayMetrics:
+    """Every gateway metric, registered on ``registry``."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            REQUESTS, "Completion requests finished", ["tenant", "model", "worker", "status"], registry=r
+        )
+        self.tokens = Counter(TOKENS, "Tokens metered", ["tenant", "model", "kind"], registry=r)
+        self.errors = Counter(
+            ERRORS, "Errors returned to clients, by OpenAI error type", ["type", "status"], registry=r
+        )
+        self.ttft = Histogram(
+            TTFT, "Time to first token measured at the gateway", ["tier"], buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.tpot = Histogram(
+            TPOT, "Time per output token after the first, at the gateway", ["tier"], buckets=_TPOT_BUCKETS, registry=r
+        )
+        self.e2e = Histogram(E2E, "Request duration at the gateway", ["tier"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.admission_rejections = Counter(
+            ADMISSION_REJECTIONS, "Requests refused by a tenant limit", ["tenant", "reason"], registry=r
+        )
+        self.in_flight = Gauge(IN_FLIGHT, "Requests open on a worker", ["worker"], registry=r)
+        self.upstream_retries = Counter(
+            UPSTREAM_RETRIES,
+            "Requests retried on another worker before the first byte",
+            ["worker", "cause"],
+            registry=r,
+        )
+        self.ejections = Counter(EJECTIONS, "Workers ejected after repeated failures", ["worker"], registry=r)
+        self.worker_healthy = Gauge(WORKER_HEALTHY, "1 when the last health probe passed", ["worker"], registry=r)
+        self.cost = Counter(COST, "Cost attributed to tenants, USD", ["tenant", "model"], registry=r)
+        self.loop_errors = Counter(LOOP_ERRORS, "Failed background ticks", ["loop"], registry=r)
+        self.ledger_backlog = Gauge(LEDGER_BACKLOG, "Usage records waiting to be written to the ledger", registry=r)

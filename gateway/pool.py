@@ -1,0 +1,133 @@
+"""The gateway's view of the fleet: per worker its config, health, local in-flight count, the state the
+controller published and whether it is ejected.
+
+Nothing here is read from the store per request: a background loop re-reads worker states and ejections
+every ``state_refresh_s`` and probes each worker's ``/health`` every ``health_interval_s``. Each tick is
+wrapped, so a transient store or network error never kills the loop; failures are counted in a metric.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import aiohttp
+
+from fleet.clock import Clock
+from fleet.config import FleetConfig, WorkerConfig
+from fleet.store import Store, WorkerState
+from gateway.metrics import GatewayMetrics
+from gateway.settings import GatewaySettings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class WorkerView:
+    """One worker as the router sees it."""
+
+    config: WorkerConfig
+    healthy: bool = True
+    """Last probe (or a refused connection) said so; optimistic until the first probe."""
+    probed: bool = False
+    in_flight: int = 0
+    """Requests this gateway has open on the worker."""
+    state: WorkerState | None = None
+    """Published by the controller; None when no controller runs (or its state expired)."""
+    ejected_until: float = 0.0
+    """Unix seconds; the later of the shared ejection and this gateway's own."""
+    ejected_here_until: float = 0.0
+    failures: int = 0
+    """Consecutive failures seen by this gateway."""
+
+    @property
+    def id(self) -> str:
+        return self.config.id
+
+
+@dataclass
+class WorkerPool:
+    """Every configured worker, its health and shared state, and the ejection policy."""
+
+    fleet: FleetConfig
+    store: Store
+    clock: Clock
+    settings: GatewaySettings
+    metrics: GatewayMetrics
+    views: dict[str, WorkerView] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.views = {w.id: WorkerView(config=w) for w in self.fleet.workers}
+
+    def serving(self, model: str) -> list[WorkerView]:
+        return [v for v in self.views.values() if v.config.model == model]
+
+    def ready(self) -> bool:
+        """At least one probed-healthy, non-ejected worker serves some model."""
+        now = self.clock.wall()
+        return any(v.probed and v.healthy and v.ejected_until <= now for v in self.views.values())
+
+    # ----------------------------------------------------------------------------------- outcomes
+    def succeeded(self, view: WorkerView) -> None:
+        view.failures = 0
+        view.healthy = True
+
+    async def failed(self, view: WorkerView, *, reason: str, refused: bool = False) -> None:
+        """Count a failure; a refused connection marks the worker down until a probe succeeds, and
+        ``eject_after_failures`` consecutive failures eject it for every replica through the store."""
+        view.failures += 1
+        if refused:
+            view.healthy = False
+        if view.failures < self.settings.eject_after_failures:
+            return
+        view.failures = 0
+        until = self.clock.wall() + self.settings.eject_for_s
+        view.ejected_until = view.ejected_here_until = until
+        self.metrics.ejections.labels(worker=view.id).inc()
+        log.warning("ejecting worker %s until %.0f: %s", view.id, until, reason)
+        with contextlib.suppress(Exception):
+            await self.store.eject(view.id, until=until, reason=reason)
+
+    # ------------------------------------------------------------------------------ background loops
+    async def refresh_shared(self) -> None:
+        """Re-read published worker states and ejections from the store (one tick)."""
+        states = await self.store.worker_states()
+        ejected = await self.store.ejected(now=self.clock.wall())
+        for view in self.views.values():
+            state = states.get(view.id)
+            view.state = state if state is not None and not state.stale else None
+            view.ejected_until = max(ejected.get(view.id, 0.0), view.ejected_here_until)
+
+    async def probe_health(self, session: aiohttp.ClientSession) -> None:
+        """GET each worker's ``/health`` concurrently (one tick)."""
+        timeout = aiohttp.ClientTimeout(total=self.settings.health_timeout_s)
+
+        async def probe(view: WorkerView) -> None:
+            try:
+                async with session.get(f"{view.config.url}/health", timeout=timeout) as resp:
+                    view.healthy = resp.status == 200
+            except (aiohttp.ClientError, TimeoutError):
+                view.healthy = False
+            view.probed = True
+
+        await asyncio.gather(*(probe(v) for v in self.views.values()))
+        for view in self.views.values():
+            self.metrics.worker_healthy.labels(worker=view.id).set(1.0 if view.healthy else 0.0)
+
+    async def run_loop(self, name: str, tick: Callable[[], Awaitable[None]], interval_s: float) -> None:
+        """Run ``tick`` every ``interval_s`` forever; a failing tick is logged, counted and backed off."""
+        backoff = interval_s
+        while True:
+            try:
+                await tick()
+                backoff = interval_s
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a transient error must never kill the loop
+                self.metrics.loop_errors.labels(loop=name).inc()
+                log.warning("%s tick failed: %s", name, exc)
+                backoff = min(backoff * 2, 30.0)
+            await self.clock.sleep(backoff)

@@ -1,0 +1,49 @@
+"""The OpenAI-compatible API tenants call."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query
+from starlette.responses import Response
+
+from gateway.deps import BodyDep, GatewayDep, PrincipalDep, RequestIdDep
+from gateway.pipeline import CHAT, TEXT, complete
+from gateway.usage import usage_report
+
+router = APIRouter()
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(principal: PrincipalDep, raw: BodyDep, gw: GatewayDep, request_id: RequestIdDep) -> Response:
+    started = gw.clock.monotonic()
+    return await complete(gw, principal, raw, endpoint=CHAT, request_id=request_id, started=started)
+
+
+@router.post("/v1/completions")
+async def completions(principal: PrincipalDep, raw: BodyDep, gw: GatewayDep, request_id: RequestIdDep) -> Response:
+    started = gw.clock.monotonic()
+    return await complete(gw, principal, raw, endpoint=TEXT, request_id=request_id, started=started)
+
+
+@router.get("/v1/models")
+async def list_models(principal: PrincipalDep, gw: GatewayDep) -> dict[str, Any]:
+    """The models this tenant may use."""
+    data = [
+        {"id": m.name, "object": "model", "created": 0, "owned_by": "gearshift"}
+        for m in gw.fleet.models
+        if principal.tenant.allows(m.name)
+    ]
+    return {"object": "list", "data": data}
+
+
+@router.get("/v1/usage")
+async def own_usage(
+    principal: PrincipalDep,
+    gw: GatewayDep,
+    since: Annotated[float | None, Query(description="Unix seconds, inclusive; default 24 h ago")] = None,
+    until: Annotated[float | None, Query(description="Unix seconds, exclusive; default now")] = None,
+    limit: Annotated[int, Query(ge=0, le=10_000, description="Records to include (oldest first)")] = 100,
+) -> dict[str, Any]:
+    """The calling tenant's usage over ``[since, until)``."""
+    return await usage_report(gw, principal.tenant.id, since=since, until=until, limit=limit)

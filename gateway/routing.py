@@ -1,0 +1,208 @@
+"""Routing: filters → weighted scorers → pick (STYLE 7).
+
+Every filter and scorer has one async signature and sees the same ``RouteContext``. Scores lie in [0, 1];
+the router adds them with weights from the settings and orders the candidates best first (the first is
+used, the rest are the retry order). With no controller running there is no published state: the queue
+scorer then uses the gateway's own in-flight count per worker, and the other scorers give every worker the
+same score, so routing falls back to least-loaded.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from fleet.config import SpeculationPreference, TierConfig
+from gateway.pool import WorkerView
+
+
+@dataclass(frozen=True, slots=True)
+class RouteContext:
+    model: str
+    tier: TierConfig
+    now: float
+    """Unix seconds."""
+
+
+class Filter(Protocol):
+    name: str
+
+    async def __call__(self, ctx: RouteContext, workers: Sequence[WorkerView]) -> list[WorkerView]: ...
+
+
+class Scorer(Protocol):
+    name: str
+
+    async def __call__(self, ctx: RouteContext, workers: Sequence[WorkerView]) -> list[float]:
+        """One score in [0, 1] per worker, higher is better."""
+        ...
+
+
+# ------------------------------------------------------------------------------------------------ filters
+class ModelFilter:
+    """Keep workers that serve the requested model."""
+
+    name = "model"
+
+    async def __call__(self, ctx: RouteContext, workers: Sequence[WorkerView]) -> list[WorkerView]:
+        return [w for w in workers if w.config.model == ctx.model]
+
+
+class HealthyFilter:
+    """Keep workers whose last health probe passed and whose connections are not being refused."""
+
+    name = "healthy"
+
+    async def __call__(self, ctx: RouteContext, workers: Sequence[WorkerView]) -> list[WorkerView]:
+        return [w for w in workers if w.healthy]
+
+
+class NotEjectedFilter:
+    """Keep workers not ejected (by this gateway or, through the store, by any replica)."""
+
+    name = "not-ejected"
+
+    async def __call__(self, ctx: RouteContext, workers: Sequence[WorkerView]) -> list[WorkerView]:
+        return [w for w in workers if w.ejected_until <= ctx.now]
+
+
+# ------------------------------------------------------------------------------------------------ scorers
+def load_of(worker: WorkerView) -> float:
+    """Requests on the worker: the controller's published running + waiting, or this gateway's own in-flight
+    count when it is larger (published state lags by up to a scrape interval)."""
+    published = worker.state.running + worker.state.waiting if worker.state else 0.0
+    return max(published, float(worker.in_flight))
+
+
+class QueueScorer:
+    """``1 − min(1, load / max_num_seqs)`` with ``load = max(running + waiting, own in-flight)``: the share of
+    the worker's batch slots still free."""
+
+    name = "queue"
+
+    async def __call__(self, ctx: RouteContext, workers: Sequence[WorkerView]) -> list[float]:
+        return [1.0 - min(1.0, load_of(w) / w.config.max_num_seqs) for w in workers]
+
+
+class KvCacheScorer:
+    """``1 − kv_usage`` (the published KV-cache fraction in use); 1 when unknown."""
+
+    name = "kv-cache"
+
+    async def __call__(self, ctx: RouteContext, workers: Sequence[WorkerView]) -> list[float]:
+        return [1.0 - min(1.0, max(0.0, w.state.kv_usage)) if w.state else 1.0 for w in workers]
+
+
+NEUTRAL_SCORE = 0.5
+
+
+class SpeculationScorer:
+    """Fit of a worker's published speculation state to the tier's preference. Overloaded workers score 0;
+    workers without published state score 0.5 (no opinion).
+
+    - ``speed`` (interactive): relative per-user speed ``s / max(s)`` over the candidates, with
+      ``s = 1 / tpot_predicted_s`` (or the accepted length when no TPOT is predicted), times
+      ``target / tpot_predicted`` when the prediction misses the tier's TPOT target.
+    - ``throughput`` (batch): the cheapest published cost scores 1, others ``min_cost / usd_per_mtok``;
+      without published costs ``1 − k_applied / k_max`` — bulk work goes to workers already in a low gear,
+      where extra batch costs little, and stays off the fast lanes whose high k it would knock down.
+    - ``neutral``: 0.5 for every worker.
+    """
+
+    name = "speculation"
+
+    async def __call__(self, ctx: RouteContext, workers: Sequence[WorkerView]) -> list[float]:
+        pref = ctx.tier.speculation
+        if pref is SpeculationPreference.SPEED:
+            scores = self._speed(ctx.tier, workers)
+        elif pref is SpeculationPreference.THROUGHPUT:
+            scores = self._throughput(workers)
+        else:
+            scores = [NEUTRAL_SCORE] * len(workers)
+        return [0.0 if w.state and w.state.overloaded else s for w, s in zip(workers, scores, strict=True)]
+
+    @staticmethod
+    def _speed(tier: TierConfig, workers: Sequence[WorkerView]) -> list[float]:
+        speeds: list[float | None] = []
+        for w in workers:
+            st = w.state
+            if st is None:
+                speeds.append(None)
+            elif st.tpot_predicted_s:
+                speeds.append(1.0 / st.tpot_predicted_s)
+            else:
+                speeds.append(max(st.accepted_length, 1.0))
+        top = max((s for s in speeds if s is not None), default=0.0)
+        out = []
+        for w, s in zip(workers, speeds, strict=True):
+            if s is None or top <= 0:
+                out.append(NEUTRAL_SCORE)
+                continue
+            score = s / top
+            tpot = w.state.tpot_predicted_s if w.state else None
+            if tier.tpot_target_s and tpot and tpot > tier.tpot_target_s:
+                score *= tier.tpot_target_s / tpot
+            out.append(score)
+        return out
+
+    @staticmethod
+    def _throughput(workers: Sequence[WorkerView]) -> list[float]:
+        costs = [w.state.usd_per_mtok for w in workers if w.state is not None]
+        if costs and all(c is not None and c > 0 for c in costs):
+            cheapest = min(c for c in costs if c is not None)
+            return [
+                cheapest / w.state.usd_per_mtok if w.state and w.state.usd_per_mtok else NEUTRAL_SCORE for w in workers
+            ]
+        return [
+            1.0 - min(1.0, w.state.k_applied / w.config.drafter.k_max) if w.state else NEUTRAL_SCORE for w in workers
+        ]
+
+
+# --------------------------------------------------------------------------------------------------- pick
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """Candidates best first, with each one's total score (for the routing span)."""
+
+    ranked: list[WorkerView]
+    scores: dict[str, float]
+    filtered_out: dict[str, str]
+    """Worker id → the filter that removed it."""
+
+
+class Router:
+    """Applies the filters, adds the weighted scores and ranks the survivors."""
+
+    def __init__(
+        self, filters: Sequence[Filter], scorers: Sequence[tuple[Scorer, float]], *, rng: random.Random | None = None
+    ) -> None:
+        self._filters = list(filters)
+        self._scorers = [(s, w) for s, w in scorers if w > 0]
+        self._rng = rng or random.Random()
+
+    async def route(self, ctx: RouteContext, workers: Sequence[WorkerView]) -> Decision:
+        candidates = list(workers)
+        removed: dict[str, str] = {}
+        for f in self._filters:
+            kept = await f(ctx, candidates)
+            removed.update({w.id: f.name for w in candidates if w not in kept})
+            candidates = kept
+        totals = [0.0] * len(candidates)
+        for scorer, weight in self._scorers:
+            for i, score in enumerate(await scorer(ctx, candidates)):
+                totals[i] += weight * score
+        # Ties go to the worker with fewer of our requests, then to a random one (spreads a cold start).
+        keys = {w.id: (totals[i], -w.in_flight, self._rng.random()) for i, w in enumerate(candidates)}
+        ranked = sorted(candidates, key=lambda w: keys[w.id], reverse=True)
+        return Decision(ranked=ranked, scores={w.id: keys[w.id][0] for w in candidates}, filtered_out=removed)
+
+
+def default_router(
+    *, weight_queue: float, weight_kv: float, weight_speculation: float, rng: random.Random | None = None
+) -> Router:
+    return Router(
+        [ModelFilter(), HealthyFilter(), NotEjectedFilter()],
+        [(QueueScorer(), weight_queue), (KvCacheScorer(), weight_kv), (SpeculationScorer(), weight_speculation)],
+        rng=rng,
+    )

@@ -1,0 +1,51 @@
+"""OpenTelemetry tracing: spans for the request, admission, routing and the upstream call, named and
+attributed after the GenAI semantic conventions where they apply (``gen_ai.operation.name``,
+``gen_ai.request.model``, ``gen_ai.usage.input_tokens`` …). Exported over OTLP/HTTP only when an endpoint
+is configured; otherwise a no-op tracer costs next to nothing on the hot path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
+
+from gateway.settings import GatewaySettings
+
+OPERATION = "gen_ai.operation.name"
+REQUEST_MODEL = "gen_ai.request.model"
+REQUEST_MAX_TOKENS = "gen_ai.request.max_tokens"
+RESPONSE_MODEL = "gen_ai.response.model"
+USAGE_INPUT = "gen_ai.usage.input_tokens"
+USAGE_OUTPUT = "gen_ai.usage.output_tokens"
+PROVIDER = "gen_ai.provider.name"
+SERVER_ADDRESS = "server.address"
+ERROR_TYPE = "error.type"
+TENANT = "gearshift.tenant"
+TIER = "gearshift.tier"
+WORKER = "gearshift.worker.id"
+REQUEST_ID = "gearshift.request.id"
+
+
+@dataclass
+class Tracing:
+    tracer: trace.Tracer
+    shutdown: Callable[[], None]
+
+
+def build_tracing(settings: GatewaySettings, *, exporter: SpanExporter | None = None) -> Tracing:
+    """A tracer exporting to ``exporter`` (tests), to OTLP when configured, or a no-op tracer."""
+    if exporter is None and not settings.otlp_endpoint:
+        return Tracing(tracer=trace.NoOpTracer(), shutdown=lambda: None)
+    provider = TracerProvider(resource=Resource.create({"service.name": settings.service_name}))
+    if exporter is not None:
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+    else:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=settings.otlp_endpoint)))
+    return Tracing(tracer=provider.get_tracer("gearshift.gateway"), shutdown=provider.shutdown)

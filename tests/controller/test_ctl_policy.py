@@ -1,0 +1,127 @@
+"""The policy as a pure function over hand-built estimates (table-driven)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from ctl_helpers import make_estimate
+
+from controller.policy import PolicyConfig, Risk, decide
+from fleet.perf import Profile, conditional_acceptance
+
+CFG = PolicyConfig()
+
+
+def test_low_load_chooses_k_max_and_high_load_turns_speculation_off(lab_profile: Profile) -> None:
+    low = decide(make_estimate(lab_profile, batch=1.0), lab_profile, tpot_target_s=None, config=CFG)
+    high = decide(make_estimate(lab_profile, batch=128.0), lab_profile, tpot_target_s=None, config=CFG)
+    assert low.k == 8
+    assert high.k == 0
+    assert not low.overloaded
+    assert low.gain > 0  # current k=4 is worse than k=8 at batch 1
+
+
+def test_k_never_rises_with_load(lab_profile: Profile) -> None:
+    ks = [
+        decide(make_estimate(lab_profile, batch=b), lab_profile, tpot_target_s=None, config=CFG).k
+        for b in (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128)
+    ]
+    assert ks == sorted(ks, reverse=True)
+    assert ks[0] > ks[len(ks) // 2] > ks[-1] == 0
+
+
+def test_chat_gets_a_lower_k_than_maths(lab_profile: Profile) -> None:
+    for batch in (1.0, 8.0, 16.0):
+        maths = decide(make_estimate(lab_profile, "maths", batch=batch), lab_profile, tpot_target_s=None, config=CFG)
+        chat = decide(make_estimate(lab_profile, "chat", batch=batch), lab_profile, tpot_target_s=None, config=CFG)
+        assert chat.k < maths.k, batch
+
+
+def test_goodput_is_max_over_candidates_and_tpot_is_step_over_al(lab_profile: Profile) -> None:
+    d = decide(make_estimate(lab_profile, batch=8.0), lab_profile, tpot_target_s=None, config=CFG)
+    best = max(d.candidates, key=lambda c: c.goodput_tok_s)
+    assert d.k == best.k
+    for c in d.candidates:
+        assert c.tpot_s == pytest.approx(c.step_s / c.accepted_length)
+        assert c.goodput_tok_s == pytest.approx(8.0 * c.accepted_length / c.step_s)
+    assert [c.k for c in d.candidates] == [0, 1, 2, 3, 4, 6, 8]
+
+
+@pytest.mark.parametrize(
+    ("case", "overrides", "expect_k", "expect_risk"),
+    [
+        ("acceptance collapse", {"k_current": 4, "accepted_length": 1.05}, 0, Risk.COLLAPSE),
+        ("KV pressure", {"k_current": 6, "kv_usage": 0.95}, "below", Risk.KV),
+        ("rising preemptions", {"k_current": 6, "preemption_rate": 0.5}, "below", Risk.PREEMPTION),
+        ("KV pressure at k=0 stays off", {"k_current": 0, "kv_usage": 0.97, "accepted_length": None}, 0, Risk.KV),
+        ("no drafts yet", {"drafts_seen": 0.0, "observed_positions": 0, "accepted_length": None}, 8, Risk.NONE),
+        ("k=0: acceptance unobservable", {"k_current": 0, "accepted_length": None}, 8, Risk.NONE),
+    ],
+)
+def test_edge_cases(
+    lab_profile: Profile, case: str, overrides: dict[str, object], expect_k: int | str, expect_risk: Risk
+) -> None:
+    est = make_estimate(lab_profile, batch=1.0, **overrides)  # type: ignore[arg-type]
+    d = decide(est, lab_profile, tpot_target_s=None, config=CFG)
+    assert d.risk is expect_risk, case
+    if expect_k == "below":
+        assert d.k < est.k_current, case
+    else:
+        assert d.k == expect_k, case
+    assert d.reason, case
+
+
+def test_no_drafts_yet_says_the_prior_is_used(lab_profile: Profile) -> None:
+    est = make_estimate(lab_profile, drafts_seen=0.0, observed_positions=0, accepted_length=None)
+    assert "prior" in decide(est, lab_profile, tpot_target_s=None, config=CFG).reason
+
+
+def test_infeasible_target_maximises_per_user_speed_and_flags_overload(lab_profile: Profile) -> None:
+    d = decide(make_estimate(lab_profile, batch=64.0), lab_profile, tpot_target_s=0.001, config=CFG)
+    assert d.overloaded
+    assert d.k == min(d.candidates, key=lambda c: c.tpot_s).k
+    assert "overloaded" in d.reason
+
+
+def test_feasible_target_is_not_overloaded(lab_profile: Profile) -> None:
+    d = decide(make_estimate(lab_profile, batch=4.0), lab_profile, tpot_target_s=0.05, config=CFG)
+    assert not d.overloaded
+    assert all(c.feasible == (c.tpot_s <= 0.05) for c in d.candidates)
+
+
+def test_sla_risk_when_current_k_misses_a_target_another_k_meets(lab_profile: Profile) -> None:
+    est = make_estimate(lab_profile, batch=96.0, k_current=8)
+    probe = decide(est, lab_profile, tpot_target_s=None, config=CFG)
+    cur, best = probe.candidate(8), probe.candidate(probe.k)
+    assert cur is not None
+    assert best is not None
+    assert best.tpot_s < cur.tpot_s
+    target = (cur.tpot_s + best.tpot_s) / 2
+    d = decide(est, lab_profile, tpot_target_s=target, config=CFG)
+    assert d.risk is Risk.SLA
+    assert d.k < 8
+
+
+def test_candidates_respect_k_max_and_tiers(lab_profile: Profile) -> None:
+    est = make_estimate(
+        lab_profile, k_max=4, k_current=4, conditional=conditional_acceptance(lab_profile, "maths", 0)[:4]
+    )
+    d = decide(est, lab_profile, tpot_target_s=None, config=PolicyConfig(k_tiers=(0, 2, 4, 8)))
+    assert [c.k for c in d.candidates] == [0, 2, 4]
+
+
+def test_step_correction_scales_predictions_not_the_choice(lab_profile: Profile) -> None:
+    est = make_estimate(lab_profile, batch=8.0)
+    a = decide(est, lab_profile, tpot_target_s=None, config=CFG)
+    b = decide(replace(est, step_correction=2.0), lab_profile, tpot_target_s=None, config=CFG)
+    assert a.k == b.k
+    for ca, cb in zip(a.candidates, b.candidates, strict=True):
+        assert cb.step_s == pytest.approx(2 * ca.step_s)
+
+
+def test_pure(lab_profile: Profile) -> None:
+    est = make_estimate(lab_profile, batch=12.0)
+    assert decide(est, lab_profile, tpot_target_s=0.03, config=CFG) == decide(
+        est, lab_profile, tpot_target_s=0.03, config=CFG
+    )

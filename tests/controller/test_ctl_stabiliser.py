@@ -1,0 +1,136 @@
+"""The stabiliser as a pure step function over hand-built decisions and estimates (table-driven)."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+import pytest
+from ctl_helpers import make_estimate
+
+from controller.policy import Candidate, Decision, Risk
+from controller.stabiliser import ActionKind, StabiliserConfig, StabiliserState, initial_state, stabilise
+from fleet.perf import Profile
+
+CFG = StabiliserConfig(up_ticks=3, down_ticks=2, min_dwell_s=10, probe_interval_s=60, probe_s=4, gain_threshold=0.05)
+TICK = 2.0
+
+
+def decision(k: int, *, gain: float = 0.2, risk: Risk = Risk.NONE, goodput: dict[int, float] | None = None) -> Decision:
+    goodput = goodput or dict.fromkeys((0, 1, 2, 3, 4, 6, 8), 100.0)
+    cands = tuple(
+        Candidate(kk, 0.01, 0.009, 0.001, 1.0, g, 0.01, feasible=True, allowed=True) for kk, g in goodput.items()
+    )
+    return Decision("w0", k, cands, overloaded=False, risk=risk, gain=gain, reason=f"test wants k={k}")
+
+
+def run(
+    profile: Profile, state: StabiliserState, decisions: list[Decision], *, t0: float = 100.0, **est_overrides: object
+) -> tuple[StabiliserState, list[tuple[int, ActionKind]]]:
+    est = make_estimate(profile, **est_overrides)  # type: ignore[arg-type]
+    out = []
+    for i, d in enumerate(decisions):
+        state, action = stabilise(state, d, est, t0 + i * TICK, CFG)
+        out.append((action.k, action.kind))
+    return state, out
+
+
+def test_up_needs_persistence_and_dwell(lab_profile: Profile) -> None:
+    state = initial_state(2, 90.0)
+    _, actions = run(lab_profile, state, [decision(6)] * 4)
+    kinds = [kind for _, kind in actions]
+    assert kinds[:2] == [ActionKind.HOLD, ActionKind.HOLD]
+    assert actions[2] == (6, ActionKind.UP)
+
+
+def test_up_goes_to_the_lowest_recent_recommendation(lab_profile: Profile) -> None:
+    _, actions = run(lab_profile, initial_state(2, 50.0), [decision(8), decision(4), decision(6)])
+    assert actions[-1] == (4, ActionKind.UP)
+
+
+def test_down_after_two_ticks_to_the_highest_recent_recommendation(lab_profile: Profile) -> None:
+    _, actions = run(lab_profile, initial_state(8, 50.0), [decision(2), decision(4)])
+    assert actions == [(8, ActionKind.HOLD), (4, ActionKind.DOWN)]
+
+
+def test_gain_below_threshold_holds(lab_profile: Profile) -> None:
+    _, actions = run(lab_profile, initial_state(4, 90.0), [decision(6, gain=0.01)] * 10)
+    assert all(kind is ActionKind.HOLD for _, kind in actions)
+
+
+def test_min_dwell_blocks_normal_moves(lab_profile: Profile) -> None:
+    _, actions = run(lab_profile, initial_state(4, 99.0), [decision(0)] * 4)
+    assert actions == [(4, ActionKind.HOLD)] * 4
+
+
+@pytest.mark.parametrize("risk", [Risk.KV, Risk.PREEMPTION, Risk.SLA, Risk.COLLAPSE])
+def test_fast_down_on_risk_ignores_dwell(lab_profile: Profile, risk: Risk) -> None:
+    state, actions = run(
+        lab_profile, initial_state(6, 99.0), [decision(2 if risk is not Risk.COLLAPSE else 0, risk=risk)]
+    )
+    assert actions[0][1] is ActionKind.FAST_DOWN
+    assert state.k == actions[0][0] < 6
+
+
+def test_collapse_then_reprobe_later(lab_profile: Profile) -> None:
+    state, actions = run(lab_profile, initial_state(6, 0.0), [decision(0, risk=Risk.COLLAPSE)])
+    assert actions == [(0, ActionKind.FAST_DOWN)]
+    assert state.reprobe_at_s == pytest.approx(100.0 + CFG.collapse_reprobe_s)
+    est = make_estimate(lab_profile, k_current=0, accepted_length=None)
+    early, a1 = stabilise(state, decision(0), est, 130.0, CFG)
+    assert a1.kind is ActionKind.HOLD
+    probing, a2 = stabilise(early, decision(0, goodput={0: 100.0, 8: 10.0}), est, 161.0, CFG)
+    assert (a2.k, a2.kind) == (8, ActionKind.PROBE)  # re-probe even though the old estimate says k=8 is bad
+    held, a3 = stabilise(probing, decision(0), est, 163.0, CFG)
+    assert (a3.k, a3.kind) == (8, ActionKind.HOLD)
+    _, a4 = stabilise(held, decision(3), est, 165.0, CFG)
+    assert (a4.k, a4.kind) == (3, ActionKind.PROBE_END)
+
+
+def test_periodic_probe_only_when_affordable(lab_profile: Profile) -> None:
+    state = initial_state(2, 0.0)
+    est = make_estimate(lab_profile, k_current=2)
+    cheap = decision(2, gain=0.0, goodput={2: 100.0, 8: 90.0})
+    dear = decision(2, gain=0.0, goodput={2: 100.0, 8: 50.0})
+    _, a = stabilise(state, dear, est, 61.0, CFG)
+    assert a.kind is ActionKind.HOLD
+    probing, a = stabilise(state, cheap, est, 61.0, CFG)
+    assert (a.k, a.kind) == (8, ActionKind.PROBE)
+    _, a = stabilise(probing, decision(2, risk=Risk.KV), est, 62.0, CFG)
+    assert (a.k, a.kind) == (2, ActionKind.FAST_DOWN)  # a risk aborts the probe
+
+
+@pytest.mark.parametrize(
+    ("stale_for", "expect"),
+    [(0.0, (6, ActionKind.HOLD)), (9.0, (6, ActionKind.HOLD)), (12.0, (1, ActionKind.STALE_DEFAULT))],
+)
+def test_stale_metrics_hold_then_conservative_default(
+    lab_profile: Profile, stale_for: float, expect: tuple[int, ActionKind]
+) -> None:
+    _, actions = run(lab_profile, initial_state(6, 0.0), [decision(0, risk=Risk.KV)], stale=True, stale_for_s=stale_for)
+    assert actions[0] == expect
+
+
+def test_no_data_yet_holds(lab_profile: Profile) -> None:
+    _, actions = run(lab_profile, initial_state(8, 0.0), [decision(0, risk=Risk.KV)], windows=0)
+    assert actions == [(8, ActionKind.HOLD)]
+
+
+def test_never_flaps_under_noisy_recommendations(lab_profile: Profile) -> None:
+    rng = random.Random(7)
+    state = initial_state(4, 0.0)
+    est = make_estimate(lab_profile)
+    changes = []
+    for i in range(300):  # ten minutes of 2 s ticks, recommendations drawn at random
+        d = decision(rng.choice((0, 1, 2, 3, 4, 6, 8)), gain=rng.uniform(0, 0.5))
+        state, action = stabilise(state, d, est, i * TICK, CFG)
+        if action.changed:
+            changes.append(i * TICK)
+    per_minute = max(sum(1 for t in changes if m * 60 <= t < (m + 1) * 60) for m in range(10))
+    assert per_minute <= 60 / CFG.min_dwell_s + 2  # dwell-limited moves plus one probe (there and back)
+
+
+def test_pure(lab_profile: Profile) -> None:
+    state = replace(initial_state(4, 0.0), history=(6, 6))
+    est = make_estimate(lab_profile)
+    assert stabilise(state, decision(6), est, 30.0, CFG) == stabilise(state, decision(6), est, 30.0, CFG)

@@ -1,0 +1,165 @@
+"""Store contract, limits: ``admit`` and ``settle`` on both stores (memory and a real Redis)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from fleet.store import BudgetLimit, Limit, SlotLimit, WindowLimit
+from fleet.store_window import SLOT_RETRY_AFTER_S
+from tests.fleet.store_harness import T0, StoreHarness
+
+
+def rpm(limit: int, cost: int = 1, *, key: str = "rpm:t") -> WindowLimit:
+    return WindowLimit(key=key, cost=cost, limit=limit, window_s=60.0)
+
+
+def tpm(cost: int, *, limit: int = 1000, reserved_at: float | None = None) -> WindowLimit:
+    return WindowLimit(key="tpm:t", cost=cost, limit=limit, window_s=60.0, reserved_at=reserved_at)
+
+
+def slot(slot_id: str, *, limit: int = 2, ttl_s: float = 600.0) -> SlotLimit:
+    return SlotLimit(key="conc:t", slot_id=slot_id, limit=limit, ttl_s=ttl_s)
+
+
+async def settle_windows(h: StoreHarness, *windows: WindowLimit, now: float) -> None:
+    await h.store.settle(windows=windows, slots=(), spend={}, now=now)
+
+
+async def test_window_admits_up_to_the_limit_then_refuses(harness: StoreHarness) -> None:
+    store = harness.store
+    results = [await store.admit([rpm(5)], now=T0 + i) for i in range(6)]
+    assert [r.allowed for r in results] == [True] * 5 + [False]
+    refusal = results[-1]
+    assert refusal.tripped == "rpm:t"
+    # The oldest unit (reserved at T0) frees the slot: 60 s after it, give or take one 0.6 s bucket.
+    elapsed = 5.0
+    assert 60.0 - elapsed <= refusal.retry_after_s <= 60.0 - elapsed + 0.6
+
+
+async def test_retry_after_is_when_the_window_admits_again(harness: StoreHarness) -> None:
+    store = harness.store
+    assert (await store.admit([rpm(2, key="rpm:r")], now=T0)).allowed
+    assert (await store.admit([rpm(2, key="rpm:r")], now=T0 + 10)).allowed
+    refusal = await store.admit([rpm(2, key="rpm:r")], now=T0 + 20)
+    assert not refusal.allowed
+    at = T0 + 20 + refusal.retry_after_s
+    assert not (await store.admit([rpm(2, key="rpm:r")], now=at - 0.01)).allowed
+    assert (await store.admit([rpm(2, key="rpm:r")], now=at)).allowed
+
+
+async def test_window_rolls_instead_of_resetting(harness: StoreHarness) -> None:
+    store = harness.store
+    for i in range(4):  # 4 units at T0 … T0+30
+        assert (await store.admit([rpm(4)], now=T0 + 10 * i)).allowed
+    assert not (await store.admit([rpm(4)], now=T0 + 59)).allowed
+    assert (await store.admit([rpm(4)], now=T0 + 61)).allowed  # only the unit of T0 has left
+    assert not (await store.admit([rpm(4)], now=T0 + 62)).allowed
+
+
+async def test_concurrent_admits_never_exceed_the_limit(harness: StoreHarness) -> None:
+    limit, tasks = 40, 160
+    results = await asyncio.gather(*(harness.store.admit([rpm(limit)], now=T0 + i * 1e-3) for i in range(tasks)))
+    assert sum(r.allowed for r in results) == limit
+
+
+async def test_cost_larger_than_the_limit_is_never_admitted(harness: StoreHarness) -> None:
+    refusal = await harness.store.admit([tpm(1001)], now=T0)
+    assert not refusal.allowed
+    assert refusal.retry_after_s == 60.0
+    assert (await harness.store.admit([tpm(1000)], now=T0)).allowed
+
+
+async def test_refund_lets_more_through(harness: StoreHarness) -> None:
+    store = harness.store
+    for _ in range(3):
+        assert (await store.admit([tpm(300)], now=T0)).allowed
+    assert not (await store.admit([tpm(300)], now=T0 + 1)).allowed
+    await settle_windows(harness, tpm(-200, reserved_at=T0), now=T0 + 2)  # one used 100 of its 300
+    assert (await store.admit([tpm(300)], now=T0 + 3)).allowed
+    assert not (await store.admit([tpm(1)], now=T0 + 3)).allowed
+
+
+async def test_refund_takes_from_its_own_reservation_not_a_newer_one(harness: StoreHarness) -> None:
+    store = harness.store
+    assert (await store.admit([tpm(300)], now=T0)).allowed
+    assert (await store.admit([tpm(300)], now=T0 + 30)).allowed
+    await settle_windows(harness, tpm(-300, reserved_at=T0), now=T0 + 31)
+    # At T0+61 the first reservation's bucket has left; the second (300) still counts.
+    assert not (await store.admit([tpm(701)], now=T0 + 61)).allowed
+    assert (await store.admit([tpm(700)], now=T0 + 61)).allowed
+
+
+async def test_refund_of_a_reservation_that_left_the_window_is_dropped(harness: StoreHarness) -> None:
+    store = harness.store
+    assert (await store.admit([tpm(1000)], now=T0)).allowed
+    assert (await store.admit([tpm(1000)], now=T0 + 70)).allowed
+    await settle_windows(harness, tpm(-1000, reserved_at=T0), now=T0 + 71)
+    assert not (await store.admit([tpm(1)], now=T0 + 72)).allowed
+
+
+async def test_positive_correction_counts_extra_usage(harness: StoreHarness) -> None:
+    store = harness.store
+    assert (await store.admit([tpm(100)], now=T0)).allowed
+    await settle_windows(harness, tpm(900, reserved_at=T0), now=T0 + 5)
+    refusal = await store.admit([tpm(1)], now=T0 + 6)
+    assert not refusal.allowed
+    assert refusal.tripped == "tpm:t"
+
+
+async def test_admit_is_all_or_nothing(harness: StoreHarness) -> None:
+    store = harness.store
+    assert (await store.admit([slot("a", limit=1)], now=T0)).allowed
+    refusal = await store.admit([rpm(3), slot("b", limit=1)], now=T0)
+    assert (refusal.allowed, refusal.tripped) == (False, "conc:t")
+    assert refusal.retry_after_s == SLOT_RETRY_AFTER_S
+    # The refused request reserved nothing in the window: all 3 units are still free.
+    assert [(await store.admit([rpm(3)], now=T0)).allowed for _ in range(4)] == [True, True, True, False]
+
+
+async def test_tripped_names_the_first_refusing_limit(harness: StoreHarness) -> None:
+    store = harness.store
+    await store.settle(windows=(), slots=(), spend={"spend:t": 5.0}, now=T0)
+    assert (await store.admit([rpm(1, key="rpm:x")], now=T0)).allowed
+    limits: list[Limit] = [BudgetLimit(key="spend:t", limit_usd=5.0), rpm(1, key="rpm:x")]
+    assert (await store.admit(limits, now=T0)).tripped == "spend:t"
+    assert (await store.admit(limits[::-1], now=T0)).tripped == "rpm:x"
+
+
+async def test_slots_release_and_expire(harness: StoreHarness) -> None:
+    store = harness.store
+    assert (await store.admit([slot("a", ttl_s=100)], now=T0)).allowed
+    assert (await store.admit([slot("b", ttl_s=600)], now=T0)).allowed
+    assert (await store.admit([slot("b", ttl_s=600)], now=T0)).allowed  # the holder asking again
+    assert not (await store.admit([slot("c")], now=T0)).allowed
+    await store.settle(windows=(), slots=[slot("b")], spend={}, now=T0 + 1)
+    assert (await store.admit([slot("c")], now=T0 + 1)).allowed
+    assert not (await store.admit([slot("d")], now=T0 + 99)).allowed
+    assert (await store.admit([slot("d")], now=T0 + 100)).allowed  # "a" expired at T0+100
+
+
+async def test_budget_refuses_once_spent(harness: StoreHarness) -> None:
+    store = harness.store
+    budget = BudgetLimit(key="spend:t", limit_usd=1.0)
+    for _ in range(4):
+        assert (await store.admit([budget], now=T0)).allowed
+        await store.settle(windows=(), slots=(), spend={"spend:t": 0.25}, now=T0)
+    assert await store.spent("spend:t") == 1.0
+    refusal = await store.admit([budget], now=T0)
+    assert (refusal.allowed, refusal.tripped, refusal.retry_after_s) == (False, "spend:t", 0.0)
+    assert (await store.admit([BudgetLimit(key="spend:t", limit_usd=1.5)], now=T0)).allowed
+    assert await store.spent("spend:unknown") == 0.0
+
+
+async def test_settle_does_everything_at_once(harness: StoreHarness) -> None:
+    store = harness.store
+    assert (await store.admit([tpm(1000), slot("a", limit=1)], now=T0)).allowed
+    await store.settle(windows=[tpm(-400, reserved_at=T0)], slots=[slot("a")], spend={"s:a": 0.5, "s:b": 2.0}, now=T0)
+    assert (await store.admit([tpm(400), slot("b", limit=1)], now=T0)).allowed
+    assert (await store.spent("s:a"), await store.spent("s:b")) == (0.5, 2.0)
+
+
+@pytest.mark.parametrize("limits", [[], [tpm(0)]])
+async def test_trivial_admissions(harness: StoreHarness, limits: list[WindowLimit]) -> None:
+    assert (await harness.store.admit(limits, now=T0)).allowed

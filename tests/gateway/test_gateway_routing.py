@@ -1,0 +1,129 @@
+"""Routing: filter → weighted score → pick, in units and through the gateway with published worker state."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+from conftest import StartUpstreams
+from gateway_harness import MODEL, eventually, make_fleet, make_tenants, serve_gateway
+
+from fleet.config import SpeculationPreference, TierConfig
+from fleet.store import WorkerState
+from gateway.pool import WorkerView
+from gateway.routing import (
+    KvCacheScorer,
+    QueueScorer,
+    RouteContext,
+    SpeculationScorer,
+    default_router,
+)
+
+FAST = {"k_desired": 8, "k_applied": 8, "accepted_length": 5.0, "tpot_predicted_s": 0.012, "running": 2,
+        "kv_usage": 0.1, "usd_per_mtok": 2.0}  # fmt: skip
+"""A worker in a high gear at a small batch: fast per user, dearer per token."""
+BULK = {"k_desired": 2, "k_applied": 2, "accepted_length": 1.8, "tpot_predicted_s": 0.04, "running": 48,
+        "kv_usage": 0.55, "usd_per_mtok": 0.8}  # fmt: skip
+"""A worker in a low gear at a large batch: slower per user, cheaper per token."""
+
+INTERACTIVE = TierConfig(priority=0, tpot_target_s=0.05, speculation=SpeculationPreference.SPEED)
+BATCH = TierConfig(priority=10, speculation=SpeculationPreference.THROUGHPUT)
+
+
+def views(*states: dict[str, Any] | None) -> list[WorkerView]:
+    fleet = make_fleet([f"http://127.0.0.1:{9000 + i}" for i in range(len(states))])
+    return [
+        WorkerView(config=w, state=WorkerState(worker_id=w.id, model=MODEL, **s) if s is not None else None)
+        for w, s in zip(fleet.workers, states, strict=True)
+    ]
+
+
+def ctx(tier: TierConfig) -> RouteContext:
+    return RouteContext(model=MODEL, tier=tier, now=1000.0)
+
+
+async def test_queue_scorer_is_free_share_of_batch_slots() -> None:
+    fast, bulk = views(FAST, BULK)
+    bulk.in_flight = 60  # our own count beats a stale published one
+    assert await QueueScorer()(ctx(BATCH), [fast, bulk]) == pytest.approx([1 - 2 / 64, 1 - 60 / 64])
+
+
+async def test_kv_scorer() -> None:
+    assert await KvCacheScorer()(ctx(BATCH), views(FAST, None)) == pytest.approx([0.9, 1.0])
+
+
+async def test_speculation_scorer_by_preference() -> None:
+    ws = views(FAST, BULK, None)
+    speed = await SpeculationScorer()(ctx(INTERACTIVE), ws)
+    assert speed == pytest.approx([1.0, 0.012 / 0.04, 0.5])
+    assert await SpeculationScorer()(ctx(BATCH), ws[:2]) == pytest.approx([0.8 / 2.0, 1.0])
+    no_cost = views({**FAST, "usd_per_mtok": None}, {**BULK, "usd_per_mtok": None})
+    assert await SpeculationScorer()(ctx(BATCH), no_cost) == pytest.approx([0.0, 1 - 2 / 8])
+    neutral = TierConfig(speculation=SpeculationPreference.NEUTRAL)
+    assert await SpeculationScorer()(ctx(neutral), ws) == [0.5, 0.5, 0.5]
+
+
+async def test_speed_score_is_penalised_past_the_tpot_target_and_zero_when_overloaded() -> None:
+    slow = {**BULK, "tpot_predicted_s": 0.1}
+    scores = await SpeculationScorer()(ctx(INTERACTIVE), views(FAST, slow, {**FAST, "overloaded": True}))
+    assert scores == pytest.approx([1.0, (0.012 / 0.1) * (0.05 / 0.1), 0.0])
+
+
+async def test_router_filters_and_ranks() -> None:
+    router = default_router(weight_queue=1.0, weight_kv=0.5, weight_speculation=2.0, rng=random.Random(1))
+    fast, bulk, down, ejected, other = views(FAST, BULK, FAST, FAST, FAST)
+    down.healthy = False
+    ejected.ejected_until = 2000.0
+    object.__setattr__(other, "config", other.config.model_copy(update={"model": "other-model"}))
+    decision = await router.route(ctx(INTERACTIVE), [fast, bulk, down, ejected, other])
+    assert [w.id for w in decision.ranked] == ["w0", "w1"]
+    assert decision.filtered_out == {"w2": "healthy", "w3": "not-ejected", "w4": "model"}
+    decision = await router.route(ctx(BATCH), [fast, bulk])
+    assert [w.id for w in decision.ranked] == ["w1", "w0"]
+
+
+async def test_without_published_state_routes_to_the_least_loaded() -> None:
+    router = default_router(weight_queue=1.0, weight_kv=0.5, weight_speculation=2.0)
+    a, b = views(None, None)
+    a.in_flight = 3
+    for tier in (INTERACTIVE, BATCH):
+        assert [w.id for w in (await router.route(ctx(tier), [a, b])).ranked] == ["w1", "w0"]
+
+
+async def test_tiers_land_where_the_policy_says_through_the_gateway(upstreams: StartUpstreams) -> None:
+    fast, bulk = await upstreams(2)
+    async with serve_gateway(make_fleet([fast.url, bulk.url]), make_tenants()) as g:
+        for worker_id, state in (("w0", FAST), ("w1", BULK)):
+            await g.store.publish_worker_state(WorkerState(worker_id=worker_id, model=MODEL, **state), ttl_s=60)
+
+        async def states_seen() -> bool:
+            return all(v.state is not None for v in g.gw.pool.views.values())
+
+        await eventually(states_seen)
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        async with g.client("alpha") as interactive, g.client("beta") as batch:
+            for _ in range(4):
+                assert (await interactive.post("/v1/chat/completions", json=body)).status_code == 200
+                assert (await batch.post("/v1/chat/completions", json=body)).status_code == 200
+        assert [b["priority"] for b in fast.bodies] == [0] * 4
+        assert [b["priority"] for b in bulk.bodies] == [10] * 4
+        await g.gw.ledger.idle()
+        records = (await g.store.usage("alpha", since=0, until=1e12)).records
+        assert {r.worker_id for r in records} == {"w0"}
+        # the controller's published cost per token prices the request: 2 tokens at 2 USD/Mtok
+        assert records[0].cost_usd == pytest.approx(2 * 2.0 / 1e6)
+
+
+async def test_no_controller_spreads_by_own_in_flight(upstreams: StartUpstreams) -> None:
+    a, b = await upstreams(2, chunks=100, delay_s=0.01)
+    async with serve_gateway(make_fleet([a.url, b.url]), make_tenants()) as g, g.client() as c:
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True}
+        async with c.stream("POST", "/v1/chat/completions", json=body) as first:
+            assert first.status_code == 200
+            busy = next(v.id for v in g.gw.pool.views.values() if v.in_flight == 1)
+            r = await c.post("/v1/chat/completions", json={**body, "stream": False, "max_tokens": 2})
+            assert r.status_code == 200
+            await first.aclose()
+        idle_fake = b if busy == "w0" else a
+        assert len(idle_fake.bodies) == 1

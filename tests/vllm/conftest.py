@@ -1,0 +1,56 @@
+"""Fixtures of the real-engine tests: the vLLM virtualenv, the tiny model, and a real vLLM CPU server."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from _net import free_port
+
+from fleet.config import WorkerConfig
+from workers.vllm.cpu_server import REPO_ROOT, RunningServer, ServerStartError, build_tiny_model, running_server
+from workers.vllm.cpu_server import tiny_plan, tiny_worker
+
+CONTROL_TOKEN = "real-engine-test-token"
+ENV_BUILD_TIMEOUT_S = 900.0
+
+
+@pytest.fixture(scope="session")
+def vllm_env() -> None:
+    """``.venv-vllm`` exists and is current: ``scripts/vllm-env.sh`` is idempotent (instant when up to date;
+    scripts/test.sh runs it before pytest so the build never counts against a test's timeout)."""
+    result = subprocess.run(
+        ["bash", str(REPO_ROOT / "scripts" / "vllm-env.sh")],
+        capture_output=True,
+        text=True,
+        timeout=ENV_BUILD_TIMEOUT_S,
+        check=False,
+    )
+    if result.returncode != 0:
+        pytest.fail(f"scripts/vllm-env.sh failed ({result.returncode}):\n{result.stdout}\n{result.stderr}", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(vllm_env: None, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="session")
+def tiny_worker_config(tiny_model_dir: Path) -> WorkerConfig:
+    return tiny_worker(port=free_port(), model_dir=tiny_model_dir)
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tiny_worker_config: WorkerConfig, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """A real vLLM CPU server (ngram, k_max 4, table [[1, 8, 4]], the gearshift plugin) on loopback."""
+    log_path = tmp_path_factory.mktemp("vllm") / "vllm.log"
+    env = {"GEARSHIFT_CONTROL_TOKEN": CONTROL_TOKEN, "GEARSHIFT_SPEC_POLL_SECONDS": "0.25"}
+    try:
+        with running_server(
+            tiny_plan(tiny_worker_config), url=tiny_worker_config.url, log_path=log_path, extra_env=env
+        ) as server:
+            yield server
+    except ServerStartError as exc:
+        pytest.fail(str(exc), pytrace=False)

@@ -1,0 +1,370 @@
+"""The simulated engine core: vLLM V1-style continuous batching with block-parallel speculative decoding.
+
+Clock-agnostic and free of I/O: a driver (the real-time server or the virtual-time lab) sets ``now_s``,
+calls ``step()``, advances its clock by ``StepOutcome.duration_s`` and delivers the emitted tokens.
+
+One step, as vLLM V1 schedules it:
+
+1. ``control.expire()``; k = the schedule's k for the number of requests ready to decode.
+2. Running requests first, in order: a decoding request asks for 1 + k tokens (its last sampled token and k
+   drafts, whose KV is reserved as lookahead); a request still prefilling asks for the rest of its prompt,
+   chunked to the step's token budget. When KV blocks run out, the lowest-ranked running request (the last
+   admitted under FCFS; the largest ``(priority, arrival)`` under priority) is preempted: its KV is freed and it
+   goes back to the waiting queue to recompute its prompt and the tokens it had generated.
+3. If nothing was preempted, waiting requests are admitted while batch slots, budget and KV blocks last.
+4. Step time comes from ``fleet.perf.step_time``; each decoding request's drafts are accepted position by
+   position with the profile's conditional probabilities at its current context length (seeded RNG).
+
+Counters follow vLLM: a *draft* is one request-step with k > 0; ``num_draft_tokens`` grows by k per draft;
+accepted tokens are counted per position before the ``max_tokens`` cap is applied.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+from fleet.perf import Profile, StepShape, conditional_acceptance, step_time
+from fleet.speculation import SpeculationControl
+from workers.sim.scheduler import SchedulingPolicy, WaitingQueue, make_queue
+from workers.sim.stats import EngineStats
+
+KV_BLOCK_TOKENS = 16
+"""KV cache block size, tokens (vLLM's default ``block_size``)."""
+_CONTEXT_BUCKET_TOKENS = 64
+"""Acceptance probabilities are cached per 64-token bucket of context length (they vary slowly with it)."""
+
+
+@dataclass
+class SimRequest:
+    request_id: str
+    prompt_tokens: int
+    max_tokens: int
+    workload: str
+    """Acceptance class name; unknown names fall back to the profile's default workload."""
+    priority: int = 0
+    """Lower runs first under priority scheduling (vLLM semantics)."""
+    arrival_s: float = 0.0
+    """Engine-clock time the request arrived, seconds (for queue time and TTFT)."""
+
+
+@dataclass
+class StepOutcome:
+    duration_s: float
+    k: int
+    decode_seqs: int
+    prefill_tokens: int
+    emitted: dict[str, int]
+    """request_id → output tokens produced this step (first token at the end of prefill, else 1 + accepted)."""
+    finished: list[str]
+    preempted: list[str]
+    target_s: float
+    drafter_s: float
+
+
+@dataclass(eq=False, slots=True)
+class _Seq:
+    req: SimRequest
+    order: int
+    output_tokens: int = 0
+    computed: int = 0
+    """Tokens whose KV is in the cache (prompt + output, minus the last sampled token while decoding)."""
+    blocks: int = 0
+    decoding: bool = False
+    """Prefill (or recompute) done: the next step verifies the last sampled token plus drafts."""
+    scheduled_s: float | None = None
+    first_token_s: float | None = None
+    last_token_s: float = 0.0
+
+    @property
+    def sort_key(self) -> tuple[int, float, int]:
+        return (self.req.priority, self.req.arrival_s, self.order)
+
+    @property
+    def total(self) -> int:
+        return self.req.prompt_tokens + self.output_tokens
+
+
+@dataclass(slots=True)
+class _Batch:
+    """What a step scheduled: request → tokens to process (for decoding ones: 1 + drafts)."""
+
+    tokens: dict[_Seq, int] = field(default_factory=dict)
+    drafts: dict[_Seq, int] = field(default_factory=dict)
+    preempted: list[_Seq] = field(default_factory=list)
+    budget: int = 0
+
+
+class EngineCore:
+    """One simulated engine (a vLLM ``EngineCore``): scheduler, KV cache and the performance model."""
+
+    def __init__(
+        self,
+        profile: Profile,
+        control: SpeculationControl,
+        *,
+        max_num_seqs: int = 256,
+        scheduling: SchedulingPolicy = "fcfs",
+        seed: int = 0,
+        kv_capacity_tokens: int | None = None,
+        max_num_batched_tokens: int | None = None,
+    ) -> None:
+        if max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs: must be ≥ 1, got {max_num_seqs}")
+        self.profile = profile
+        self.control = control
+        self.max_num_seqs = max_num_seqs
+        self.scheduling: SchedulingPolicy = scheduling
+        self.k_max = profile.drafter.k_max
+        capacity = kv_capacity_tokens if kv_capacity_tokens is not None else profile.hardware.kv_capacity_tokens
+        self.total_blocks = capacity // KV_BLOCK_TOKENS
+        if self.total_blocks < 1:
+            raise ValueError(f"kv_capacity_tokens: must hold at least one {KV_BLOCK_TOKENS}-token block")
+        self.max_num_batched_tokens = max_num_batched_tokens or profile.chunked_prefill_tokens
+        self.now_s = 0.0
+        self._rng = random.Random(seed)
+        self._free_blocks = self.total_blocks
+        self._running: list[_Seq] = []
+        self._waiting: WaitingQueue[_Seq] = make_queue(scheduling)
+        self._by_id: dict[str, _Seq] = {}
+        self._order = 0
+        self._accept_cache: dict[tuple[str, int], tuple[float, ...]] = {}
+        self._stats = EngineStats(k_max=self.k_max)
+
+    # ------------------------------------------------------------------------------------------ requests
+    @property
+    def kv_capacity_tokens(self) -> int:
+        return self.total_blocks * KV_BLOCK_TOKENS
+
+    def add(self, req: SimRequest) -> None:
+        """Queue a request. Raises ``ValueError`` for a duplicate id or one that could never fit the KV cache."""
+        if req.request_id in self._by_id:
+            raise ValueError(f"request_id: {req.request_id!r} is already in the engine")
+        if req.prompt_tokens < 1 or req.max_tokens < 1:
+            raise ValueError("prompt_tokens and max_tokens: must be ≥ 1")
+        need = req.prompt_tokens + req.max_tokens + self.k_max
+        if need > self.kv_capacity_tokens:
+            raise ValueError(
+                f"prompt_tokens + max_tokens: {need - self.k_max} tokens cannot fit this engine's KV cache "
+                f"of {self.kv_capacity_tokens} tokens"
+            )
+        seq = _Seq(req, self._order)
+        self._order += 1
+        self._by_id[req.request_id] = seq
+        self._waiting.push(seq)
+
+    def abort(self, request_id: str) -> bool:
+        """Drop a request wherever it is; True if it was known. Its latency so far is recorded as finished."""
+        seq = self._by_id.pop(request_id, None)
+        if seq is None:
+            return False
+        if seq in self._running:
+            self._running.remove(seq)
+        else:
+            self._waiting.remove(seq)
+        self._free(seq)
+        self._record_finish(seq, self.now_s)
+        return True
+
+    def has_work(self) -> bool:
+        return bool(self._running) or len(self._waiting) > 0
+
+    def is_active(self, request_id: str) -> bool:
+        return request_id in self._by_id
+
+    @property
+    def stats(self) -> EngineStats:
+        s = self._stats
+        s.running = len(self._running)
+        s.waiting = len(self._waiting)
+        s.kv_usage = 1.0 - self._free_blocks / self.total_blocks
+        return s
+
+    # -------------------------------------------------------------------------------------------- a step
+    def step(self) -> StepOutcome:
+        """Schedule, time and execute one engine iteration starting at ``now_s`` (which it does not advance)."""
+        self.control.expire()
+        ready = sum(1 for s in self._running if s.decoding)
+        k = min(self.control.k_for(ready), self.k_max) if ready else 0
+        batch = _Batch(budget=self.max_num_batched_tokens)
+        self._schedule_running(batch, k)
+        if not batch.preempted:
+            self._admit_waiting(batch)
+        decode = [s for s in batch.tokens if s in batch.drafts]
+        prefill_tokens = sum(n for s, n in batch.tokens.items() if s not in batch.drafts)
+        shape = StepShape(
+            decode_seqs=len(decode),
+            k=k if decode else 0,
+            context_tokens=sum(s.computed for s in decode),
+            prefill_tokens=prefill_tokens,
+        )
+        t = step_time(self.profile, shape)
+        end_s = self.now_s + t.total_s
+        emitted, finished, new_prompt = self._execute(batch, end_s)
+        self._account(t.target_s, t.drafter_s, sum(emitted.values()) + new_prompt)
+        return StepOutcome(
+            duration_s=t.total_s,
+            k=shape.k,
+            decode_seqs=shape.decode_seqs,
+            prefill_tokens=prefill_tokens,
+            emitted=emitted,
+            finished=finished,
+            preempted=[s.req.request_id for s in batch.preempted],
+            target_s=t.target_s,
+            drafter_s=t.drafter_s,
+        )
+
+    def _schedule_running(self, batch: _Batch, k: int) -> None:
+        for seq in list(self._running):
+            if batch.budget <= 0:
+                break
+            if seq in batch.preempted:
+                continue  # preempted earlier in this step to make room for a request ahead of it
+            if seq.decoding:
+                drafts = min(k, batch.budget - 1)
+                n = 1 + drafts
+            else:
+                drafts = -1
+                n = min(seq.total - seq.computed, batch.budget)
+            if not self._allocate(seq, seq.computed + n, batch):
+                continue  # seq itself was the victim
+            batch.tokens[seq] = n
+            batch.budget -= n
+            if drafts >= 0:
+                batch.drafts[seq] = drafts
+
+    def _allocate(self, seq: _Seq, tokens: int, batch: _Batch) -> bool:
+        """Grow ``seq``'s KV to hold ``tokens``, preempting others if needed; False if ``seq`` was preempted."""
+        need = -(-tokens // KV_BLOCK_TOKENS) - seq.blocks
+        if need <= 0:
+            return True
+        while need > self._free_blocks:
+            victim = self._victim()
+            self._preempt(victim, batch)
+            if victim is seq:
+                return False
+        self._free_blocks -= need
+        seq.blocks += need
+        return True
+
+    def _victim(self) -> _Seq:
+        if self.scheduling == "priority":
+            return max(self._running, key=lambda s: s.sort_key)
+        return self._running[-1]
+
+    def _preempt(self, seq: _Seq, batch: _Batch) -> None:
+        self._running.remove(seq)
+        if seq in batch.tokens:
+            batch.budget += batch.tokens.pop(seq)
+            batch.drafts.pop(seq, None)
+        self._free(seq)
+        seq.computed = 0
+        seq.decoding = False
+        batch.preempted.append(seq)
+        self._waiting.push_front(seq)
+        self._stats.num_preemptions += 1
+
+    def _admit_waiting(self, batch: _Batch) -> None:
+        while len(self._waiting) and batch.budget > 0:
+            seq = self._waiting.peek()
+            assert seq is not None
+            n = min(seq.total - seq.computed, batch.budget)
+            need = -(-(seq.computed + n) // KV_BLOCK_TOKENS) - seq.blocks
+            if len(self._running) >= self.max_num_seqs or need > self._free_blocks:
+                break
+            self._waiting.pop()
+            self._free_blocks -= need
+            seq.blocks += need
+            self._running.append(seq)
+            if seq.scheduled_s is None:
+                seq.scheduled_s = self.now_s
+            batch.tokens[seq] = n
+            batch.budget -= n
+
+    # ------------------------------------------------------------------------------------------ execution
+    def _execute(self, batch: _Batch, end_s: float) -> tuple[dict[str, int], list[str], int]:
+        emitted: dict[str, int] = {}
+        finished: list[str] = []
+        new_prompt = 0
+        gaps: dict[float, int] = {}  # last-token time → requests, to observe inter-token latencies in bulk
+        st = self._stats
+        for seq, n in batch.tokens.items():
+            drafts = batch.drafts.get(seq)
+            if drafts is None:
+                seq.computed += n
+                if seq.computed < seq.total:
+                    continue  # more prompt chunks to go
+                seq.decoding = True
+                out = 1
+                if seq.first_token_s is None:
+                    new_prompt += seq.req.prompt_tokens
+                    seq.first_token_s = end_s
+                    st.ttft_s.observe(end_s - seq.req.arrival_s)
+                else:
+                    gaps[seq.last_token_s] = gaps.get(seq.last_token_s, 0) + 1
+            else:
+                accepted = self._sample_accepted(seq, drafts) if drafts else 0
+                seq.computed += 1 + accepted
+                out = min(1 + accepted, seq.req.max_tokens - seq.output_tokens)
+                gaps[seq.last_token_s] = gaps.get(seq.last_token_s, 0) + 1
+            seq.last_token_s = end_s
+            seq.output_tokens += out
+            emitted[seq.req.request_id] = out
+            if seq.output_tokens >= seq.req.max_tokens:
+                finished.append(seq.req.request_id)
+                self._finish(seq, end_s)
+        for last_s, count in gaps.items():
+            st.itl_s.observe(end_s - last_s, count)
+        st.prompt_tokens += new_prompt
+        st.generation_tokens += sum(emitted.values())
+        return emitted, finished, new_prompt
+
+    def _sample_accepted(self, seq: _Seq, drafts: int) -> int:
+        st = self._stats
+        st.num_drafts += 1
+        st.num_draft_tokens += drafts
+        probs = self._acceptance(seq.req.workload, seq.computed + 1)
+        rand = self._rng.random
+        accepted = 0
+        per_pos = st.accepted_per_pos
+        while accepted < drafts and rand() < probs[accepted]:
+            per_pos[accepted] += 1
+            accepted += 1
+        st.num_accepted_tokens += accepted
+        return accepted
+
+    def _acceptance(self, workload: str, context_tokens: int) -> tuple[float, ...]:
+        bucket = context_tokens // _CONTEXT_BUCKET_TOKENS
+        key = (workload, bucket)
+        probs = self._accept_cache.get(key)
+        if probs is None:
+            probs = conditional_acceptance(self.profile, workload, bucket * _CONTEXT_BUCKET_TOKENS)
+            self._accept_cache[key] = probs
+        return probs
+
+    def _finish(self, seq: _Seq, at_s: float) -> None:
+        self._running.remove(seq)
+        del self._by_id[seq.req.request_id]
+        self._free(seq)
+        self._record_finish(seq, at_s)
+
+    def _record_finish(self, seq: _Seq, at_s: float) -> None:
+        st = self._stats
+        st.finished_requests += 1
+        st.e2e_s.observe(at_s - seq.req.arrival_s)
+        if seq.scheduled_s is not None:
+            st.queue_s.observe(seq.scheduled_s - seq.req.arrival_s)
+        if seq.first_token_s is not None and seq.output_tokens > 1:
+            st.tpot_s.observe((seq.last_token_s - seq.first_token_s) / (seq.output_tokens - 1))
+
+    def _free(self, seq: _Seq) -> None:
+        self._free_blocks += seq.blocks
+        seq.blocks = 0
+
+    def _account(self, target_s: float, drafter_s: float, iteration_tokens: int) -> None:
+        st = self._stats
+        st.steps += 1
+        st.target_s += target_s
+        st.drafter_s += drafter_s
+        st.busy_s += target_s + drafter_s
+        st.iteration_tokens.observe(iteration_tokens)

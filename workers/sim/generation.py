@@ -1,0 +1,151 @@
+"""One OpenAI request's generation on the simulated engine: its choices, their text, stop strings, finish.
+
+A request with P prompts and ``n`` choices becomes P·n engine requests (as in vLLM). Each delivery of
+tokens turns into text from the choice's deterministic ``TextStream``; stop strings end a choice early
+(the text before the stop string is kept, the engine request is aborted), and text that could be the start
+of a stop string is held back until it is known not to be.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from workers.sim.driver import Delivery, RealTimeDriver
+from workers.sim.engine import SimRequest
+from workers.sim.text import TextStream, pseudo_eos_length, text_seed
+
+
+@dataclass(frozen=True, slots=True)
+class PromptSpec:
+    key: object
+    """What identifies the prompt's content (its text or token ids), for the text seed."""
+    tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationSpec:
+    prompts: list[PromptSpec]
+    n: int
+    max_tokens: list[int]
+    """Completion limit per prompt, tokens."""
+    stops: list[str]
+    workload: str
+    priority: int
+    request_seed: int | None
+    ignore_eos: bool
+    eos_mean_tokens: int | None
+    worker_seed: int
+
+
+@dataclass(frozen=True, slots=True)
+class ChoiceDelta:
+    index: int
+    text: str
+    finish_reason: str | None = None
+    """``length`` or ``stop`` on a choice's last delta, else None."""
+    stop_reason: str | None = None
+    """The stop string that ended the choice, if one did."""
+
+
+@dataclass(slots=True)
+class _Choice:
+    index: int
+    request_id: str
+    text: TextStream
+    eos_stop: bool
+    tokens: int = 0
+    pending: str = ""
+    done: bool = False
+
+
+@dataclass
+class Generation:
+    """Submits a request's choices to the driver and yields their text as the engine produces it."""
+
+    driver: RealTimeDriver
+    spec: GenerationSpec
+    id_prefix: str = "cmpl"
+    request_id: str = field(init=False)
+    choices: list[_Choice] = field(init=False, default_factory=list)
+    _queue: asyncio.Queue[Delivery] = field(init=False, default_factory=asyncio.Queue)
+
+    def __post_init__(self) -> None:
+        self.request_id = f"{self.id_prefix}-{uuid.uuid4().hex}"
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(p.tokens for p in self.spec.prompts)
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(c.tokens for c in self.choices)
+
+    def submit(self) -> None:
+        """Queue every choice on the engine; raises ``ValueError`` (after undoing) if the engine refuses one."""
+        spec = self.spec
+        try:
+            for p_index, prompt in enumerate(spec.prompts):
+                for i in range(spec.n):
+                    self._submit_choice(p_index, prompt, i)
+        except ValueError:
+            self.abort()
+            raise
+
+    def _submit_choice(self, p_index: int, prompt: PromptSpec, i: int) -> None:
+        spec = self.spec
+        index = p_index * spec.n + i
+        seed = text_seed(spec.worker_seed, spec.request_seed, prompt.key, i)
+        limit = spec.max_tokens[p_index]
+        eos_stop = False
+        if spec.eos_mean_tokens is not None and not spec.ignore_eos:
+            natural = pseudo_eos_length(seed ^ 0x5EED, spec.eos_mean_tokens)
+            eos_stop, limit = natural < limit, min(limit, natural)
+        choice = _Choice(index, f"{self.request_id}-{index}", TextStream(seed), eos_stop)
+        req = SimRequest(choice.request_id, prompt.tokens, limit, spec.workload, priority=spec.priority)
+        self.driver.submit(req, self._queue, index)
+        self.choices.append(choice)
+
+    def abort(self) -> None:
+        for c in self.choices:
+            if not c.done:
+                c.done = True
+                self.driver.abort(c.request_id)
+
+    async def deltas(self) -> AsyncIterator[ChoiceDelta]:
+        """Text deltas as tokens arrive, ending with each choice's finish; aborts what is left on exit."""
+        remaining = sum(not c.done for c in self.choices)
+        try:
+            while remaining:
+                delivery = await self._queue.get()
+                choice = self.choices[delivery.choice]
+                if choice.done:
+                    continue
+                delta = self._advance(choice, delivery)
+                if delta.finish_reason is not None:
+                    remaining -= 1
+                if delta.text or delta.finish_reason is not None:
+                    yield delta
+        finally:
+            self.abort()
+
+    def _advance(self, choice: _Choice, delivery: Delivery) -> ChoiceDelta:
+        choice.tokens += delivery.tokens
+        choice.pending += choice.text.take(delivery.tokens)
+        stops = self.spec.stops
+        hits = [(choice.pending.find(s), s) for s in stops if s in choice.pending]
+        if hits:
+            at, stop = min(hits)
+            choice.done = True
+            self.driver.abort(choice.request_id)
+            return ChoiceDelta(choice.index, choice.pending[:at], "stop", stop)
+        if delivery.finished:
+            choice.done = True
+            text, choice.pending = choice.pending, ""
+            return ChoiceDelta(choice.index, text, "stop" if choice.eos_stop else "length")
+        hold = max((len(s) - 1 for s in stops), default=0)
+        cut = max(len(choice.pending) - hold, 0)
+        text, choice.pending = choice.pending[:cut], choice.pending[cut:]
+        return ChoiceDelta(choice.index, text)

@@ -1,0 +1,251 @@
+"""``/v1/completions`` and ``/v1/chat/completions`` of the simulated worker, in vLLM's request and response
+shapes, streaming (SSE) and not."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import orjson
+from aiohttp import web
+from pydantic import BaseModel, ValidationError
+
+from workers.sim.errors import BadRequest, NotFound, from_validation_error
+from workers.sim.generation import ChoiceDelta, Generation, GenerationSpec, PromptSpec
+from workers.sim.protocol import ChatCompletionRequest, CompletionRequest, _GenerationRequest
+from workers.sim.text import count_chat_tokens, count_text_tokens
+from workers.sim.worker import SimWorker
+
+WORKER = web.AppKey("worker", SimWorker)
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+"""OpenAI's (and vLLM's) default ``max_tokens`` for ``/v1/completions``."""
+
+B = TypeVar("B", bound=BaseModel)
+Chunk = Callable[[ChoiceDelta], dict[str, Any]]
+
+
+async def read_body(request: web.Request, model: type[B]) -> B:
+    try:
+        data = orjson.loads(await request.read())
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"malformed JSON body: {exc}") from exc
+    if not isinstance(data, dict):
+        raise BadRequest("the request body must be a JSON object")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise from_validation_error(exc) from exc
+
+
+def _check_common(worker: SimWorker, body: _GenerationRequest) -> None:
+    s = worker.settings
+    if body.model is not None and body.model != s.model:
+        raise NotFound(f"The model `{body.model}` does not exist.", param="model")
+    if body.stream_options is not None and not body.stream:
+        raise BadRequest("Stream options can only be defined when `stream=True`.", param="stream_options")
+    if body.priority != 0 and s.scheduling == "fcfs":
+        raise BadRequest(f"Got priority {body.priority} but Priority scheduling is not enabled.", param="priority")
+
+
+def _completion_limit(worker: SimWorker, prompt_tokens: int, requested: int | None, default: int) -> int:
+    """Tokens the completion may have: the request's ``max_tokens``, else ``default`` within the context."""
+    ctx = worker.settings.context_window
+    if prompt_tokens >= ctx:
+        raise BadRequest(
+            f"This model's maximum context length is {ctx} tokens. However, your request has {prompt_tokens} "
+            "input tokens. Please reduce the length of the input messages.",
+            param="messages",
+        )
+    if requested is None:
+        return min(default, ctx - prompt_tokens)
+    if prompt_tokens + requested > ctx:
+        raise BadRequest(
+            f"This model's maximum context length is {ctx} tokens. However, you requested "
+            f"{prompt_tokens + requested} tokens ({prompt_tokens} in the messages, {requested} in the completion). "
+            "Please reduce the length of the messages or completion.",
+            param="max_tokens",
+        )
+    return requested
+
+
+def _spec(
+    worker: SimWorker, request: web.Request, body: _GenerationRequest, prompts: list[PromptSpec], limits: list[int]
+) -> GenerationSpec:
+    workload = body.gearshift_workload or request.headers.get("x-gearshift-workload") or worker.default_workload
+    return GenerationSpec(
+        prompts=prompts,
+        n=body.n,
+        max_tokens=limits,
+        stops=body.stop_strings(),
+        workload=workload,
+        priority=body.priority,
+        request_seed=body.seed,
+        ignore_eos=body.ignore_eos,
+        eos_mean_tokens=worker.settings.eos_mean_tokens,
+        worker_seed=worker.settings.seed,
+    )
+
+
+def _start(worker: SimWorker, spec: GenerationSpec, prefix: str) -> Generation:
+    generation = Generation(worker.driver, spec, id_prefix=prefix)
+    try:
+        generation.submit()
+    except ValueError as exc:
+        raise BadRequest(str(exc), param="max_tokens") from exc
+    return generation
+
+
+def _usage(g: Generation) -> dict[str, Any]:
+    return {
+        "prompt_tokens": g.prompt_tokens,
+        "total_tokens": g.prompt_tokens + g.completion_tokens,
+        "completion_tokens": g.completion_tokens,
+        "prompt_tokens_details": None,
+    }
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    worker = request.app[WORKER]
+    body = await read_body(request, CompletionRequest)
+    _check_common(worker, body)
+    prompts = []
+    for p in body.prompts():
+        tokens = body.gearshift_prompt_tokens or (count_text_tokens(p) if isinstance(p, str) else len(p))
+        prompts.append(PromptSpec(p if isinstance(p, str) else tuple(p), tokens))
+    limits = [_completion_limit(worker, p.tokens, body.max_tokens, COMPLETIONS_DEFAULT_MAX_TOKENS) for p in prompts]
+    generation = _start(worker, _spec(worker, request, body, prompts, limits), "cmpl")
+    head = {
+        "id": generation.request_id,
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": worker.settings.model,
+    }
+
+    def chunk(d: ChoiceDelta) -> dict[str, Any]:
+        choice = {
+            "index": d.index,
+            "text": d.text,
+            "logprobs": None,
+            "finish_reason": d.finish_reason,
+            "stop_reason": d.stop_reason,
+        }
+        return {**head, "choices": [choice]}
+
+    if body.stream:
+        return await _stream(request, generation, body, head, chunk)
+    texts, finish = await _collect(generation)
+    choices: list[dict[str, Any]] = [
+        {
+            "index": i,
+            "text": texts[i],
+            "logprobs": None,
+            "finish_reason": finish[i][0],
+            "stop_reason": finish[i][1],
+            "prompt_logprobs": None,
+        }
+        for i in sorted(texts)
+    ]
+    return web.json_response({**head, "choices": choices, "usage": _usage(generation)}, dumps=_dumps)
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    worker = request.app[WORKER]
+    body = await read_body(request, ChatCompletionRequest)
+    _check_common(worker, body)
+    contents = [m.text() for m in body.messages]
+    tokens = body.gearshift_prompt_tokens or count_chat_tokens(contents)
+    prompt = PromptSpec(tuple((m.role, c) for m, c in zip(body.messages, contents, strict=True)), tokens)
+    limit = _completion_limit(worker, tokens, body.requested_max_tokens(), worker.settings.default_max_tokens)
+    generation = _start(worker, _spec(worker, request, body, [prompt], [limit]), "chatcmpl")
+    model = worker.settings.model
+    head = {"id": generation.request_id, "object": "chat.completion.chunk", "created": int(time.time()), "model": model}
+
+    def chunk(d: ChoiceDelta) -> dict[str, Any]:
+        delta = {"content": d.text} if d.text or d.finish_reason is None else {}
+        choice: dict[str, Any] = {"index": d.index, "delta": delta, "logprobs": None, "finish_reason": d.finish_reason}
+        if d.finish_reason is not None:
+            choice["stop_reason"] = d.stop_reason
+        return {**head, "choices": [choice]}
+
+    if body.stream:
+        return await _stream(request, generation, body, head, chunk, role_chunk=True)
+    texts, finish = await _collect(generation)
+    choices: list[dict[str, Any]] = [
+        {
+            "index": i,
+            "message": {"role": "assistant", "content": texts[i], "reasoning_content": None, "tool_calls": []},
+            "logprobs": None,
+            "finish_reason": finish[i][0],
+            "stop_reason": finish[i][1],
+        }
+        for i in sorted(texts)
+    ]
+    response = {**head, "object": "chat.completion", "choices": choices, "usage": _usage(generation)}
+    return web.json_response(response, dumps=_dumps)
+
+
+async def _collect(generation: Generation) -> tuple[dict[int, str], dict[int, tuple[str | None, str | None]]]:
+    texts: dict[int, list[str]] = {c.index: [] for c in generation.choices}
+    finish: dict[int, tuple[str | None, str | None]] = {}
+    async for d in generation.deltas():
+        texts[d.index].append(d.text)
+        if d.finish_reason is not None:
+            finish[d.index] = (d.finish_reason, d.stop_reason)
+    return {i: "".join(t) for i, t in texts.items()}, finish
+
+
+async def _stream(
+    request: web.Request,
+    generation: Generation,
+    body: _GenerationRequest,
+    head: dict[str, Any],
+    chunk: Chunk,
+    *,
+    role_chunk: bool = False,
+) -> web.StreamResponse:
+    """Server-sent events as vLLM sends them; a client that goes away aborts the request's engine work."""
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await response.prepare(request)
+    options = body.stream_options
+    continuous = options is not None and options.continuous_usage_stats
+    try:
+        if role_chunk:
+            for c in generation.choices:
+                first = {
+                    **head,
+                    "choices": [
+                        {
+                            "index": c.index,
+                            "delta": {"role": "assistant", "content": ""},
+                            "logprobs": None,
+                            "finish_reason": None,
+                        }
+                    ],
+                }
+                await _send(response, first)
+        async for d in generation.deltas():
+            payload = chunk(d)
+            if continuous:
+                payload["usage"] = _usage(generation)
+            await _send(response, payload)
+        if options is not None and options.include_usage:
+            await _send(response, {**head, "choices": [], "usage": _usage(generation)})
+        await response.write(b"data: [DONE]\n\n")
+    finally:
+        generation.abort()
+    await response.write_eof()
+    return response
+
+
+async def _send(response: web.StreamResponse, payload: dict[str, Any]) -> None:
+    await response.write(b"data: " + orjson.dumps(payload) + b"\n\n")
+
+
+def _dumps(obj: Any) -> str:
+    return orjson.dumps(obj).decode()
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/chat/completions", chat_completions)

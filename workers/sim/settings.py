@@ -1,0 +1,72 @@
+"""Settings of one simulated worker (``GEARSHIFT_SIM_*`` environment variables, or built by the CLI)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Self
+
+from pydantic import AliasChoices, Field, SecretStr, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from fleet.perf import Profile, load_profile
+
+
+class SimWorkerSettings(BaseSettings):
+    """One simulated Kimi K3 + DSpark worker: what it serves, how big it is, and how fast its clock runs."""
+
+    model_config = SettingsConfigDict(env_prefix="GEARSHIFT_SIM_", extra="forbid", frozen=True, populate_by_name=True)
+
+    worker_id: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")] = "sim-0"
+    host: str = "127.0.0.1"
+    port: Annotated[int, Field(ge=0, le=65535)] = 8000
+    """TCP port; 0 picks a free one."""
+    model: str = "kimi-k3"
+    """Served model name (what clients send as ``model``)."""
+    profile: str = "kimi-k3-dspark-tp16"
+    """Performance profile: a name under ``fleet/profiles/`` or a path to a YAML file."""
+    context_window: Annotated[int, Field(gt=1)] = 1_000_000
+    """vLLM's ``max_model_len``, tokens: prompt + completion must fit."""
+    max_num_seqs: Annotated[int, Field(ge=1, le=4096)] = 256
+    max_num_batched_tokens: Annotated[int, Field(ge=1)] | None = None
+    """Token budget per step; None uses the profile's ``chunked_prefill_tokens``."""
+    kv_capacity_tokens: Annotated[int, Field(ge=16)] | None = None
+    """KV cache size, tokens; None uses the profile's hardware figure."""
+    scheduling: Literal["fcfs", "priority"] = "priority"
+    """vLLM's ``--scheduling-policy``. Priority by default so the gateway's SLA tiers take effect; under
+    ``fcfs`` a request with a non-zero ``priority`` is rejected with 400, as vLLM does."""
+    method: str = "dspark"
+    k_max: Annotated[int, Field(ge=1)] | None = None
+    """The most draft tokens the control API may ask for; None = the profile drafter's k_max (also the cap)."""
+    start_k: Annotated[int, Field(ge=0)] | None = None
+    """Speculation length the worker starts with (its fallback schedule); None = the drafter's k_max."""
+    seed: int = 0
+    """Seeds draft acceptance and the generated text."""
+    speedup: Annotated[float, Field(gt=0, le=10_000)] = 1.0
+    """Simulated seconds per real second: 1.0 is real time; tests run faster."""
+    default_workload: str | None = None
+    """Acceptance class for requests that name none; None = the profile's default class."""
+    default_max_tokens: Annotated[int, Field(ge=1)] = 1024
+    """Completion length when a request gives no ``max_tokens``: min(this, context_window − prompt)."""
+    eos_mean_tokens: Annotated[int, Field(ge=1)] | None = None
+    """If set, a request without ``ignore_eos`` ends early (finish_reason "stop") at a pseudo end-of-sequence
+    drawn from a geometric distribution with this mean, seeded by the request; None = run to max_tokens."""
+    control_token: SecretStr = Field(
+        SecretStr("gearshift-dev-control"),
+        validation_alias=AliasChoices("control_token", "GEARSHIFT_CONTROL_TOKEN"),
+    )
+    """Bearer token of ``PUT /gearshift/v1/speculation`` (shared with the controller: GEARSHIFT_CONTROL_TOKEN)."""
+    log_level: str = "INFO"
+
+    @model_validator(mode="after")
+    def _check_profile(self) -> Self:
+        k_max = self.effective_k_max()
+        if self.start_k is not None and self.start_k > k_max:
+            raise ValueError(f"start_k: {self.start_k} exceeds k_max {k_max}")
+        return self
+
+    def effective_k_max(self) -> int:
+        """The worker's k_max: the configured one, never above what the profile's drafter can propose."""
+        drafter_k_max = self.load_profile().drafter.k_max
+        return min(self.k_max, drafter_k_max) if self.k_max is not None else drafter_k_max
+
+    def load_profile(self) -> Profile:
+        return load_profile(self.profile)
