@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from bench.capacity import MixPoint, capacity_requests_per_s
-from bench.policies import LabContext, LabPolicy
+from bench.policies import LabContext, LabPolicy, fleet_for
+from bench.routing import GatewayRouter
 from bench.scenario import Lengths as SpecLengths
 from bench.scenario import Phase as ScenarioPhase
 from bench.scenario import Scenario, TrafficClass
@@ -150,8 +151,22 @@ def run_policy(scenario: Scenario, policy: LabPolicy, *, profile: Profile | None
             stats = w.stats
             raw.ticks.append(TickSample(tick.now_s, i, max(r[2] for r in schedule), stats.running, stats.waiting))
 
-    lab = VirtualLab(workers, build_load(scenario, profile), clock=clock, seed=scenario.seed, tick_s=scenario.tick_s,
-                     on_tick=on_tick)  # fmt: skip
+    router = GatewayRouter(
+        fleet=fleet_for(workers, lab_context(scenario)),
+        tiers=scenario.tiers,
+        clock=clock,
+        states=policy.published_states,
+        seed=scenario.seed,
+    )
+    lab = VirtualLab(
+        workers,
+        build_load(scenario, profile),
+        clock=clock,
+        seed=scenario.seed,
+        tick_s=scenario.tick_s,
+        on_tick=on_tick,
+        router=router,
+    )
     try:
         lab.run(scenario.duration_s)
         drain_until = scenario.duration_s + DRAIN_S
@@ -159,5 +174,6 @@ def run_policy(scenario: Scenario, policy: LabPolicy, *, profile: Profile | None
             lab.run(min(lab.now_s + 10.0, drain_until))
     finally:
         policy.close()
+        router.close()
     raw.records = lab.records
     return raw

@@ -91,7 +91,7 @@ def quantile(values: Sequence[float], q: float) -> float:
 
 
 def meets_sla(r: RequestRecord, scenario: Scenario) -> bool:
-    tier = scenario.tiers[r.tag] if r.tag in scenario.tiers else None
+    tier = scenario.tiers.get(r.tag)
     if tier is None:
         return True
     if tier.ttft_target_s is not None and not r.ttft_s <= tier.ttft_target_s:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Protocol
 
 from controller.actuator import ControlActuator
@@ -25,6 +26,7 @@ from controller.settings import ControllerSettings
 from controller.sources import RenderSource
 from fleet.config import FleetConfig, ModelConfig, TenantConfig, TenantsConfig, TierConfig, WorkerConfig
 from fleet.speculation import Schedule, SpeculationControl, SpeculationUpdate, uniform_schedule, validate_schedule
+from fleet.store import WorkerState
 from fleet.store_memory import MemoryStore
 from workers.sim.virtual import DEFAULT_MODEL_NAME, TickContext, VirtualWorker
 
@@ -48,7 +50,14 @@ class LabPolicy(Protocol):
         """Called every ``tick_s`` of virtual time."""
         ...
 
+    def published_states(self) -> Mapping[str, WorkerState]:
+        """Worker states as the controller publishes them for the gateway's routing (empty: none)."""
+        ...
+
     def close(self) -> None: ...
+
+
+NO_STATES: Mapping[str, WorkerState] = MappingProxyType({})
 
 
 @dataclass(frozen=True)
@@ -85,6 +94,9 @@ class StaticSchedule:
 
     def on_tick(self, tick: TickContext) -> None:
         return None
+
+    def published_states(self) -> Mapping[str, WorkerState]:
+        return NO_STATES
 
     def close(self) -> None:
         return None
@@ -127,6 +139,9 @@ class PhaseOracle:
             update = SpeculationUpdate(k=min(k, w.control.k_max), version=self._version, lease_seconds=ORACLE_LEASE_S)
             w.control.apply(update)
 
+    def published_states(self) -> Mapping[str, WorkerState]:
+        return NO_STATES
+
     def close(self) -> None:
         return None
 
@@ -162,6 +177,7 @@ class ControllerPolicy:
     settings_overrides: Mapping[str, object] = field(default_factory=dict)
     controller: Controller | None = None
     _loop: asyncio.AbstractEventLoop | None = None
+    _states: Mapping[str, WorkerState] = field(default_factory=dict)
 
     def start_schedule(self, *, k_max: int, max_num_seqs: int) -> Schedule:
         return uniform_schedule(k_max, max_num_seqs=max_num_seqs)
@@ -170,7 +186,9 @@ class ControllerPolicy:
         clock = workers[0].control.clock
         controls: dict[str, SpeculationControl] = {w.worker_id: w.control for w in workers}
         settings = ControllerSettings(
-            tick_s=ctx.tick_s, metrics_port=0, **dict(self.settings_overrides)  # type: ignore[arg-type]
+            tick_s=ctx.tick_s,
+            metrics_port=0,
+            **dict(self.settings_overrides),  # type: ignore[arg-type]
         )
         self.controller = Controller(
             fleet=fleet_for(workers, ctx),
@@ -184,8 +202,18 @@ class ControllerPolicy:
         self._loop = asyncio.new_event_loop()
 
     def on_tick(self, tick: TickContext) -> None:
-        assert self._loop is not None and self.controller is not None, "bind() first"
+        if self._loop is None or self.controller is None:
+            raise RuntimeError("ControllerPolicy.on_tick: bind() must be called first")
         self._loop.run_until_complete(self.controller.tick())
+        c = self.controller
+        self._states = {
+            wid: c.worker_state(rt)
+            for wid, rt in c.workers.items()
+            if rt.estimate is not None and not rt.estimate.stale
+        }
+
+    def published_states(self) -> Mapping[str, WorkerState]:
+        return self._states
 
     def close(self) -> None:
         if self._loop is not None:

@@ -155,9 +155,7 @@ def run_suite(
     return result
 
 
-def _execute(
-    jobs: list[tuple[Scenario, LabPolicy]], result: SuiteResult, processes: int, progress: Progress
-) -> None:
+def _execute(jobs: list[tuple[Scenario, LabPolicy]], result: SuiteResult, processes: int, progress: Progress) -> None:
     if processes <= 1:
         for sc, policy in jobs:
             result.runs[sc.name, policy.name] = _run_one(sc, policy)

@@ -27,7 +27,10 @@ from dataclasses import dataclass
 
 from controller.policy import Candidate
 from controller.window import Window
+from fleet.perf import Profile, StepShape, step_time
 from fleet.store import UsageRecord
+
+_PREFILL_PROBE_TOKENS = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +77,12 @@ def worker_cost(*, usd_per_s: float, window: Window, current: Candidate, k0: Can
         rejected_share=min(rejected_usd / usd, 1.0) if usd > 0 else 0.0,
         usd_k0=usd_k0,
     )
+
+
+def prefill_seconds_per_token(profile: Profile) -> float:
+    """Modelled engine seconds per prompt token: a full chunked-prefill step divided by its tokens."""
+    tokens = min(profile.chunked_prefill_tokens, _PREFILL_PROBE_TOKENS)
+    return step_time(profile, StepShape(0, 0, 0, tokens)).total_s / tokens
 
 
 def request_weight(record: UsageRecord, *, prefill_s_per_token: float, fallback_tpot_s: float) -> float:

@@ -34,7 +34,8 @@ class EstimatorConfig(BaseModel):
     """Pseudo-count of drafts behind the prior at each position (shrinkage strength)."""
     min_drafts: float = Field(20.0, ge=0)
     """Drafts a position needs before it counts as observed."""
-    correction_bounds: tuple[float, float] = (0.2, 5.0)
+    correction_bounds: tuple[float, float] = (0.05, 20.0)
+    """Clamp of the step-time correction (wide enough for simulated workers running up to 20× real time)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,7 +146,7 @@ class WorkerEstimator:
         """Estimated conditional acceptance per position and the number of observed leading positions."""
         prior = self.prior()
         cfg = self.config
-        raw: list[float | None] = []
+        raw: list[float] = []
         prev_a = 1.0
         for d, acc in zip(self.drafts_at, self.accepted_at, strict=True):
             if d < cfg.min_drafts or prev_a <= 0:
@@ -154,16 +155,14 @@ class WorkerEstimator:
             raw.append(min(a_i / prev_a, 1.0))
             prev_a = a_i
         observed = len(raw)
-        odds = [(1 - p) / max(1 - q, 1e-6) for p, q in zip(raw, prior, strict=False) if p is not None]
+        odds = [(1 - p) / max(1 - q, 1e-6) for p, q in zip(raw, prior, strict=False)]
         scale = sum(odds) / len(odds) if odds else 1.0
         out = []
         for i, q in enumerate(prior):
             shifted = min(max(1 - (1 - q) * scale, 0.0), 0.99)
             if i < observed:
                 n = self.drafts_at[i]
-                p_obs = raw[i]
-                assert p_obs is not None
-                out.append((n * p_obs + cfg.prior_drafts * shifted) / (n + cfg.prior_drafts))
+                out.append((n * raw[i] + cfg.prior_drafts * shifted) / (n + cfg.prior_drafts))
             else:
                 out.append(shifted)
         return tuple(out), observed

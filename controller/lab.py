@@ -22,6 +22,7 @@ from fleet.clock import ManualClock
 from fleet.config import DrafterConfig, FleetConfig, ModelConfig, TenantsConfig, TierConfig, WorkerConfig
 from fleet.perf import Profile
 from fleet.speculation import SpeculationControl
+from fleet.store import Store
 from fleet.store_memory import MemoryStore
 
 
@@ -75,6 +76,8 @@ def lab_controller(
     *,
     settings: ControllerSettings | None = None,
     tenants: TenantsConfig = NO_TENANTS,
+    store: Store | None = None,
+    holder_id: str = "controller",
 ) -> Controller:
     """A ``Controller`` wired to in-process workers: ``RenderSource`` in, ``ControlActuator`` out."""
     return Controller(
@@ -83,9 +86,10 @@ def lab_controller(
         settings=settings or ControllerSettings(),
         source=RenderSource({w.worker_id: w.metrics_text for w in workers}, clock=clock),
         actuator=ControlActuator({w.worker_id: w.control for w in workers}),
-        store=MemoryStore(clock=clock),
+        store=store if store is not None else MemoryStore(clock=clock),
         clock=clock,
         profiles={profile.name: profile},
+        holder_id=holder_id,
     )
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from controller.actuator import ActuationError, Actuator
 from controller.canary import CanaryGate
-from controller.cost import WorkerCost, worker_cost
+from controller.cost import WorkerCost, attribute_to_tenants, prefill_seconds_per_token, worker_cost
 from controller.estimator import Estimate, WorkerEstimator
 from controller.metrics import ControllerMetrics
 from controller.metrics_text import WorkerScrape
@@ -27,7 +27,7 @@ from fleet.clock import Clock
 from fleet.config import FleetConfig, TenantsConfig, WorkerConfig
 from fleet.perf import Profile, load_profile
 from fleet.speculation import SpeculationUpdate
-from fleet.store import Store, WorkerState
+from fleet.store import Store, UsageRecord, WorkerState
 
 log = logging.getLogger("gearshift.controller")
 
@@ -65,6 +65,9 @@ class WorkerRuntime:
     cost: WorkerCost | None = None
     savings_usd: float = 0.0
     usd_since_attribution: float = 0.0
+    """The worker's cost since the last tenant attribution, USD (all time, whether or not a window was usable)."""
+    elapsed_s: float = 0.0
+    """Seconds between the last two successful scrapes."""
     switches: list[tuple[float, int]] = field(default_factory=list)
     """``(controller time, k)`` for every applied change (for reports and flap checks)."""
 
@@ -110,6 +113,8 @@ class Controller:
             k_max = min(w.drafter.k_max, profile.drafter.k_max)
             est = WorkerEstimator(w.id, profile, k_max, settings.estimator)
             self.workers[w.id] = WorkerRuntime(w, profile, est, tpot_target(w.model, tenants), now)
+        self.tenants = tenants
+        self._attributed_until = clock.wall()
         self.canary = (
             CanaryGate(settings.canary_worker, settings.canary_ticks) if settings.canary_worker is not None else None
         )
@@ -121,6 +126,8 @@ class Controller:
             results = await asyncio.gather(
                 *(self._tick_worker(rt) for rt in self.workers.values()), return_exceptions=True
             )
+            if self.clock.wall() - self._attributed_until >= self.settings.tenant_interval_s:
+                await self.attribute_tenants()
         for rt, res in zip(self.workers.values(), results, strict=True):
             if isinstance(res, BaseException):
                 if not isinstance(res, Exception):
@@ -154,7 +161,7 @@ class Controller:
         if action.changed:
             log.info("worker %s: %s → k=%d: %s", rt.config.id, action.kind, action.k, action.reason)
         self.metrics.decisions.labels(rt.config.id, action.kind.value).inc()
-        if not self.settings.dry_run and not stale:
+        if not self.settings.dry_run:  # also when stale: holding renews the lease, the stale default applies
             await self._actuate(rt, now)
         self._account(rt)
         await self._publish(rt)
@@ -171,6 +178,7 @@ class Controller:
             return None
         self.metrics.stale.labels(wid).set(0)
         rt.window = None
+        rt.elapsed_s = scrape.at_s - rt.prev.at_s if rt.prev is not None else 0.0
         if rt.prev is not None and not rt.rebase:
             try:
                 rt.window = window_between(rt.prev, scrape, k=rt.k_applied or 0)
@@ -224,6 +232,8 @@ class Controller:
     # ------------------------------------------------------------------------------------ cost and output
     def _account(self, rt: WorkerRuntime) -> None:
         m, wid = self.metrics, rt.config.id
+        rt.usd_since_attribution += rt.config.usd_per_second * rt.elapsed_s
+        rt.elapsed_s = 0.0
         est, decision = rt.estimate, rt.decision
         if est is None or decision is None:
             return
@@ -249,7 +259,6 @@ class Controller:
         m.step_predicted.labels(wid).set(current.step_s)
         rt.cost = worker_cost(usd_per_s=rt.config.usd_per_second, window=w, current=current, k0=k0)
         rt.savings_usd += rt.cost.savings_usd
-        rt.usd_since_attribution += rt.cost.usd
         if rt.cost.usd_per_mtok is not None:
             m.usd_per_mtok.labels(wid).set(rt.cost.usd_per_mtok)
         if rt.cost.usd_per_mtok_k0 is not None:
@@ -282,6 +291,27 @@ class Controller:
 
     async def _publish(self, rt: WorkerRuntime) -> None:
         await self.store.publish_worker_state(self.worker_state(rt), ttl_s=self.settings.state_ttl_s)
+
+    async def attribute_tenants(self) -> dict[str, float]:
+        """Split the workers' cost since the last call over tenants by the ledger's records (``controller.cost``)
+        and add it to the per-tenant cost metric. Returns tenant → USD."""
+        since, until = self._attributed_until, self.clock.wall()
+        records: list[UsageRecord] = []
+        for tenant in self.tenants.tenants:
+            totals = await self.store.usage(tenant.id, since=since, until=until, limit=100_000)
+            records.extend(totals.records)
+        usd = {wid: rt.usd_since_attribution for wid, rt in self.workers.items()}
+        fallback = [rt.decision.candidate(rt.stab.k) for rt in self.workers.values() if rt.decision and rt.stab]
+        tpot = next((c.tpot_s for c in fallback if c is not None), 0.02)
+        profile = next(iter(self.workers.values())).profile if self.workers else None
+        prefill = prefill_seconds_per_token(profile) if profile is not None else 0.0
+        shares = attribute_to_tenants(records, usd, prefill_s_per_token=prefill, fallback_tpot_s=tpot)
+        for tenant_id, value in shares.items():
+            self.metrics.tenant_cost.labels(tenant_id).inc(value)
+        for rt in self.workers.values():
+            rt.usd_since_attribution = 0.0
+        self._attributed_until = until
+        return shares
 
     # ------------------------------------------------------------------------------------ leadership + pacing
     async def lead_once(self) -> bool:

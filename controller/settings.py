@@ -49,6 +49,8 @@ class ControllerSettings(CommonSettings):
     state_ttl_s: Annotated[float, Field(gt=0)] = 10.0
     """TTL of the worker state published to the store."""
     max_backoff_s: Annotated[float, Field(gt=0)] = 30.0
+    tenant_interval_s: Annotated[float, Field(gt=0)] = 60.0
+    """How often the workers' cost is split over tenants from the usage ledger (seconds)."""
     policy: PolicyConfig = PolicyConfig()
     stabiliser: StabiliserConfig = StabiliserConfig()
     estimator: EstimatorConfig = EstimatorConfig()

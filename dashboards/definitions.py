@@ -18,6 +18,8 @@ TIER = 'tier=~"$tier"'
 PROBE = 'kind="probe"'
 COMPLETION = 'kind="completion"'
 NOT_OK = 'status!="ok"'
+SAVINGS_RATE = f"deriv(gearshift_controller_speculation_savings_usd{{{W}}}[{RI}])"
+"""USD per second of modelled speculation savings, per series (the savings figure is a cumulative gauge)."""
 
 WORKER_VAR = Variable("worker", "Worker", "label_values(vllm:num_requests_running, worker)")
 TENANT_VAR = Variable("tenant", "Tenant", "label_values(gearshift_gateway_requests_total, tenant)")
@@ -366,11 +368,12 @@ def cost() -> Dashboard:
         Panel("Fleet spend rate, USD/h", (Query(f"sum({spend_per_worker})"),), "currencyUSD", "stat", width=8),
         Panel(
             "Speculation savings, USD/h",
-            (Query(f"3600 * sum(rate(gearshift_controller_speculation_savings_usd_total[{RI}]))"),),
+            (Query(f"3600 * sum({SAVINGS_RATE})"),),
             "currencyUSD",
             "stat",
             width=8,
-            description="Modelled cost at k=0 for the same load minus the actual cost.",
+            description="Modelled cost at k=0 for the same load minus the actual cost, per hour (negative: "
+            "speculation cost more than it saved).",
         ),
         Row("Per worker"),
         Panel(
@@ -394,13 +397,17 @@ def cost() -> Dashboard:
             "percentunit",
         ),
         Panel(
-            "Speculation savings per worker, USD/h",
+            "Speculation savings per worker",
             (
+                Query(f"3600 * sum by (worker) ({SAVINGS_RATE})", "{{worker}} USD/h"),
                 Query(
-                    f"3600 * {rate_by('gearshift_controller_speculation_savings_usd_total', 'worker', W)}", "{{worker}}"
+                    f"max by (worker) (gearshift_controller_speculation_savings_usd{{{W}}})",
+                    "{{worker}} cumulative USD",
                 ),
             ),
             "currencyUSD",
+            description="The controller's cumulative modelled savings (a gauge: it falls when speculation costs "
+            "more than it saves) and its rate of change.",
         ),
         Panel(
             "Spend rate per worker, USD/h",

@@ -78,7 +78,8 @@ class AcceptanceClass(_Strict):
     ``g(ctx) = log1p(ctx / context_scale) / log1p(context_ref / context_scale)`` capped at 1.
     """
 
-    base: tuple[float, ...]
+    base: Annotated[tuple[Annotated[float, Field(ge=0, le=1)], ...], Field(min_length=1)]
+    """Probabilities in [0, 1]; positions past the end repeat the last value."""
     context_gain: Annotated[float, Field(ge=0, le=1)] = 0.0
     context_scale: Annotated[float, Field(gt=0)] = 4096.0
     context_ref: Annotated[float, Field(gt=0)] = 400_000.0

@@ -83,6 +83,13 @@ class BudgetExceeded(RateLimited):
     type = "insufficient_quota"
 
 
+class ClientDisconnected(GatewayError):
+    """The client went away before the response started (nginx's 499; the client never sees it)."""
+
+    status = 499
+    type = "client_disconnected"
+
+
 # --------------------------------------------------------------------------------------------------- 5xx
 class UpstreamFailed(GatewayError):
     """Every worker tried failed before answering."""

@@ -14,6 +14,7 @@ import orjson
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from starlette.responses import Response, StreamingResponse
+from starlette.types import Receive
 
 from fleet.store import UsageRecord
 from gateway import tracing as attr
@@ -21,6 +22,7 @@ from gateway.admission import Ticket
 from gateway.auth import Principal
 from gateway.body import CompletionRequest, parse_completion
 from gateway.core import Gateway
+from gateway.disconnect import DisconnectGuard
 from gateway.errors import (
     GatewayError,
     ModelNotAllowed,
@@ -53,21 +55,30 @@ TEXT = Endpoint("/v1/completions", "prompt", "text_completion")
 
 
 async def complete(
-    gw: Gateway, principal: Principal, raw: bytes, *, endpoint: Endpoint, request_id: str, started: float
+    gw: Gateway,
+    principal: Principal,
+    raw: bytes,
+    *,
+    endpoint: Endpoint,
+    request_id: str,
+    started: float,
+    receive: Receive | None = None,
 ) -> Response:
-    """Serve one completion request; ``started`` is the clock's monotonic time when it arrived."""
+    """Serve one completion request; ``started`` is the clock's monotonic time when it arrived and ``receive``
+    the ASGI channel that tells when the client disconnects (the body has been read already)."""
     req = parse_completion(raw, prompt_field=endpoint.prompt_field)
     authorise_model(gw, principal, req.model)
     call = Call(gw, principal, req, endpoint, request_id, started)
-    try:
-        call.ticket = await call.admit()
-        call.opened = await call.forward(await call.route())
-    except BaseException as exc:
-        await call.abandon(exc)
-        raise
-    if req.stream and call.opened.response.status == 200:
-        return StreamingResponse(call.relay(), media_type="text/event-stream", headers=_SSE_HEADERS)
-    return await call.read_whole()
+    with DisconnectGuard(receive):
+        try:
+            call.ticket = await call.admit()
+            call.opened = await call.forward(await call.route())
+        except BaseException as exc:
+            await call.abandon(exc)
+            raise
+        if req.stream and call.opened.response.status == 200:
+            return StreamingResponse(call.relay(), media_type="text/event-stream", headers=_SSE_HEADERS)
+        return await call.read_whole()
 
 
 def authorise_model(gw: Gateway, principal: Principal, model: str) -> None:
@@ -163,6 +174,9 @@ class Call:
         try:
             async with asyncio.timeout(gw.settings.request_timeout_s):
                 body = opened.first_chunk + await opened.response.read()
+        except asyncio.CancelledError:
+            self.meter_in_background("cancelled", None)
+            raise
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             error = UpstreamFailed(f"Worker {opened.worker.id} failed while answering: {exc!r}")
             await self.meter("error", None, error=error)

@@ -33,6 +33,8 @@ class WorkerView:
     healthy: bool = True
     """Last probe (or a refused connection) said so; optimistic until the first probe."""
     probed: bool = False
+    probe_timeouts: int = 0
+    """Consecutive health probes that timed out."""
     in_flight: int = 0
     """Requests this gateway has open on the worker."""
     state: WorkerState | None = None
@@ -109,7 +111,12 @@ class WorkerPool:
             try:
                 async with session.get(f"{view.config.url}/health", timeout=timeout) as resp:
                     view.healthy = resp.status == 200
-            except (aiohttp.ClientError, TimeoutError):
+                view.probe_timeouts = 0
+            except TimeoutError:  # a busy worker (or host) may answer late: only repeated timeouts count
+                view.probe_timeouts += 1
+                if view.probe_timeouts >= self.settings.health_timeouts_down:
+                    view.healthy = False
+            except aiohttp.ClientError:
                 view.healthy = False
             view.probed = True
 

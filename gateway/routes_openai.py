@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request
 from starlette.responses import Response
 
 from gateway.deps import BodyDep, GatewayDep, PrincipalDep, RequestIdDep
@@ -15,15 +15,23 @@ router = APIRouter()
 
 
 @router.post("/v1/chat/completions")
-async def chat_completions(principal: PrincipalDep, raw: BodyDep, gw: GatewayDep, request_id: RequestIdDep) -> Response:
+async def chat_completions(
+    request: Request, principal: PrincipalDep, raw: BodyDep, gw: GatewayDep, request_id: RequestIdDep
+) -> Response:
     started = gw.clock.monotonic()
-    return await complete(gw, principal, raw, endpoint=CHAT, request_id=request_id, started=started)
+    return await complete(
+        gw, principal, raw, endpoint=CHAT, request_id=request_id, started=started, receive=request.receive
+    )
 
 
 @router.post("/v1/completions")
-async def completions(principal: PrincipalDep, raw: BodyDep, gw: GatewayDep, request_id: RequestIdDep) -> Response:
+async def completions(
+    request: Request, principal: PrincipalDep, raw: BodyDep, gw: GatewayDep, request_id: RequestIdDep
+) -> Response:
     started = gw.clock.monotonic()
-    return await complete(gw, principal, raw, endpoint=TEXT, request_id=request_id, started=started)
+    return await complete(
+        gw, principal, raw, endpoint=TEXT, request_id=request_id, started=started, receive=request.receive
+    )
 
 
 @router.get("/v1/models")

@@ -43,6 +43,8 @@ class GatewaySettings(CommonSettings):
     # background views of the fleet
     health_interval_s: Seconds = 2.0
     health_timeout_s: Seconds = 1.0
+    health_timeouts_down: Annotated[int, Field(gt=0)] = 3
+    """Consecutive timed-out probes that mark a worker down (a refused connection or an error status does at once)."""
     state_refresh_s: Seconds = 0.5
     """How often worker states and ejections are re-read from the store (never per request)."""
     key_cache_ttl_s: Seconds = 5.0

@@ -80,6 +80,9 @@ class Upstream:
                 last = failure
                 await self._pool.failed(view, reason=failure.cause, refused=failure.refused)
                 continue
+            except BaseException:
+                view.in_flight -= 1
+                raise
             self._metrics.in_flight.labels(worker=view.id).inc()
             return Opened(worker=view, response=response, first_chunk=first, attempts=attempt)
         if last is None:
@@ -112,19 +115,19 @@ class Upstream:
                 if not first:
                     raise _Attempt("empty", UpstreamFailed(f"Worker {view.id} closed the response before any data."))
                 return response, first
-        except _Attempt:
+        except BaseException as exc:  # cancellation included: never leave a response open
             if response is not None:
                 response.close()
-            raise
-        except TimeoutError:
-            if response is not None:
-                response.close()
-            raise _Attempt("timeout", UpstreamTimeout(f"Worker {view.id} did not answer within {limit} s.")) from None
-        except aiohttp.ClientConnectorError as exc:
-            raise _Attempt(
-                "connect", NoWorkerAvailable(f"Cannot connect to worker {view.id}: {exc.os_error}"), refused=True
-            ) from None
-        except (aiohttp.ClientError, OSError) as exc:
-            if response is not None:
-                response.close()
-            raise _Attempt("disconnect", UpstreamFailed(f"Worker {view.id} failed before answering: {exc!r}")) from None
+            raise _classify(view, exc, limit) from None
+
+
+def _classify(view: WorkerView, exc: BaseException, limit_s: float) -> BaseException:
+    """The ``_Attempt`` a failure before the first byte counts as; other exceptions pass unchanged."""
+    if isinstance(exc, TimeoutError):
+        return _Attempt("timeout", UpstreamTimeout(f"Worker {view.id} did not answer within {limit_s} s."))
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        error = NoWorkerAvailable(f"Cannot connect to worker {view.id}: {exc.os_error}")
+        return _Attempt("connect", error, refused=True)
+    if isinstance(exc, aiohttp.ClientError | OSError):
+        return _Attempt("disconnect", UpstreamFailed(f"Worker {view.id} failed before answering: {exc!r}"))
+    return exc

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import typer
 
-from gearshift import cli_worker
+from gearshift import cli_gateway, cli_sim_lab, cli_worker
 from gearshift.cli_bench import bench_app
+from gearshift.cli_controller import controller_app
 from gearshift.cli_sim import sim_app
+from gearshift.top import top
 from gearshift.up import up
 
 app = typer.Typer(
@@ -16,9 +18,13 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(cli_worker.app, name="worker")
+cli_sim_lab.register(sim_app)
 app.add_typer(sim_app, name="sim")
 app.command("up")(up)
 app.add_typer(bench_app, name="bench")
+app.command("gateway")(cli_gateway.run)
+app.add_typer(controller_app, name="controller")
+app.command("top")(top)
 
 
 def main() -> None:

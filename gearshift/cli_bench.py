@@ -46,7 +46,9 @@ def policies(
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console) as bar:  # fmt: skip
         task = bar.add_task("policy runs", total=total)
-        result = run_suite(scenarios, processes=processes, progress=lambda m: bar.update(task, advance=1, description=m))
+        result = run_suite(
+            scenarios, processes=processes, progress=lambda m: bar.update(task, advance=1, description=m)
+        )
     path = report.write(result, out, command=_command_line())
     passed = sum(c.met for c in report.checks(result))
     console.print(f"wrote {path} ({passed}/{len(report.checks(result))} target checks met)")

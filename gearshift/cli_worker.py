@@ -69,6 +69,9 @@ def measure_command(
     requests: Annotated[int, typer.Option("--requests", min=1, max=64, help="Concurrent requests per k.")] = 4,
     max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, max=900, help="Tokens per request.")] = 256,
     work_dir: Annotated[Path | None, typer.Option("--work-dir", help="Model and log directory.")] = None,
+    worker_process: Annotated[
+        bool, typer.Option("--worker-process", help="Run the model in its own process (vLLM's mp executor).")
+    ] = False,
 ) -> None:
     """Start the tiny CPU worker, report start-up time and memory, then tokens per draft and tokens/s per k."""
     root = work_dir or Path(tempfile.mkdtemp(prefix="gearshift-measure-"))
@@ -76,7 +79,7 @@ def measure_command(
     port = _free_port()
     worker = tiny_worker(port=port, model_dir=model_dir)
     token = CommonSettings().control_token.get_secret_value()
-    plan = tiny_plan(worker)
+    plan = tiny_plan(worker, cpu=CpuOptions(in_process_worker=not worker_process))
     typer.echo(plan.shell())
     try:
         with running_server(plan, url=worker.url, log_path=root / "vllm.log") as server:

@@ -14,9 +14,19 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import typer
+import uvloop
 
+from controller.app import ControllerComponent, controller_settings_from
+from fleet.clock import SystemClock
 from fleet.config import CommonSettings
+from fleet.store import Store
+from fleet.store_factory import build_store
+from gateway.serve import GatewayServer, client_snippet
+from gateway.settings import GatewaySettings
 from workers.sim.fleet import SimFleet, fleet_worker_settings
+
+DEMO_KEY = "gs-demo-key"
+"""The demo tenant's key in the embedded tenants file (its digest is under the development pepper)."""
 
 
 class Component(Protocol):
@@ -38,6 +48,48 @@ def build_components(settings: CommonSettings, *, speedup: float = 1.0, seed: in
     if sims:
         components.append(SimFleet(sims))
     return components
+
+
+def gateway_components(settings: CommonSettings) -> list[Component]:
+    """The shared store and the gateway in front of the fleet's workers (GatewaySettings from the environment)."""
+    clock = SystemClock()
+    store = SharedStore(build_store(settings, clock=clock), redis=bool(settings.redis_url))
+    gateway = GatewayServer(
+        GatewaySettings(),
+        store=store.store,
+        clock=clock,
+        fleet=settings.fleet(),
+        tenants=settings.tenants(),
+        handle_signals=False,
+    )
+    return [store, gateway]
+
+
+def controller_components(settings: CommonSettings, started: Sequence[Component]) -> list[Component]:
+    """The speculation controller on the store the gateway uses (ControllerSettings from the environment)."""
+    shared = next((c for c in started if isinstance(c, SharedStore)), None)
+    store = shared.store if shared is not None else None
+    return [ControllerComponent(controller_settings_from(settings), store=store)]
+
+
+class SharedStore:
+    """The store the gateway and the controller share: process memory, or Redis with GEARSHIFT_REDIS_URL."""
+
+    name = "store"
+
+    def __init__(self, store: Store, *, redis: bool) -> None:
+        self.store = store
+        self._redis = redis
+
+    async def start(self) -> None:
+        if not await self.store.ping():
+            raise RuntimeError("the store does not answer (check GEARSHIFT_REDIS_URL)")
+
+    async def stop(self) -> None:
+        await self.store.close()
+
+    def describe(self) -> list[str]:
+        return ["Redis (GEARSHIFT_REDIS_URL)" if self._redis else "in process memory"]
 
 
 async def run_components(
@@ -76,6 +128,10 @@ def banner(components: Sequence[Component], settings: CommonSettings) -> str:
             '"max_tokens": 64, "stream": true}\'',
             f"  curl {url}/metrics | grep spec_decode",
         ]
+    gateway = next((c for c in components if isinstance(c, GatewayServer)), None)
+    if gateway is not None and fleet.models:
+        snippet = client_snippet(gateway.url, model=fleet.models[0].name, api_key=DEMO_KEY)
+        lines += ["", "Through the gateway with the openai client (paste into python):", "", snippet, ""]
     others = [w.id for w in fleet.workers if w.kind != "sim"]
     if others:
         lines.append(f"Not started here (run them with vLLM): {', '.join(others)}")
@@ -93,8 +149,6 @@ def run_until_signalled(components: Sequence[Component], on_started: Callable[[S
             loop.add_signal_handler(sig, stop.set)
         await run_components(components, stop, on_started=on_started)
 
-    import uvloop
-
     with contextlib.suppress(KeyboardInterrupt), asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         runner.run(main())
 
@@ -108,4 +162,6 @@ def up(
     components = build_components(settings, speedup=speedup, seed=seed)
     if not components:
         raise typer.BadParameter("the fleet file has no simulated workers and nothing else to start")
+    components += gateway_components(settings)
+    components += controller_components(settings, components)
     run_until_signalled(components, lambda started: typer.echo(banner(started, settings)))

@@ -4,6 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
+bash scripts/vllm-env.sh   # the real vLLM CPU engine for tests/vllm, in its own .venv-vllm (minutes once)
 export PATH="$PWD/.venv/bin:$PATH"
 
 echo "== ruff";        ruff check . && ruff format --check .

@@ -39,7 +39,9 @@ MODEL = "kimi-k3"
 def bench_fleet(upstream: str) -> FleetConfig:
     return FleetConfig(
         models=(ModelConfig(name=MODEL),),
-        workers=(WorkerConfig(id="upstream", url=upstream, model=MODEL, kind=WorkerKind.VLLM, drafter=DrafterConfig()),),
+        workers=(
+            WorkerConfig(id="upstream", url=upstream, model=MODEL, kind=WorkerKind.VLLM, drafter=DrafterConfig()),
+        ),
     )
 
 

@@ -39,9 +39,7 @@ def create_app(upstream: str) -> FastAPI:
     async def forward(path: str, request: Request) -> Response:
         body = await request.body()
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP}
-        upstream_response = await state["session"].request(
-            request.method, f"/v1/{path}", data=body, headers=headers
-        )
+        upstream_response = await state["session"].request(request.method, f"/v1/{path}", data=body, headers=headers)
         out_headers = {k: v for k, v in upstream_response.headers.items() if k.lower() not in _HOP_BY_HOP}
         if upstream_response.headers.get("content-type", "").startswith("text/event-stream"):
             return StreamingResponse(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import platform
 from dataclasses import dataclass
 from pathlib import Path
@@ -9,10 +10,10 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from bench.gateway.runner import MODES, GatewayBenchResult, Mode  # noqa: E402
-from bench.markdown import fmt, table  # noqa: E402
+from bench.gateway.runner import MODES, GatewayBenchResult, Mode
+from bench.markdown import fmt, table
 
 ADDED_P50_TARGET_MS = 1.0
 JSON_RPS_TARGET = 2000.0
@@ -38,7 +39,7 @@ def _added_ms(result: GatewayBenchResult, target: str, mode: Mode, c: int, q: st
     mine, direct = result.get(target, mode, c), result.get(DIRECT, mode, c)
     if mine is None or direct is None:
         return None
-    return (getattr(mine, q) - getattr(direct, q)) / 1000.0
+    return (float(getattr(mine, q)) - float(getattr(direct, q))) / 1000.0
 
 
 def _rps(result: GatewayBenchResult, target: str, mode: Mode, c: int) -> float | None:
@@ -66,7 +67,11 @@ def checks(result: GatewayBenchResult, target: str) -> list[TargetCheck]:
             "× the pass-through's added p50",
         )
     ]
-    for mode, goal, what in (("json", JSON_RPS_TARGET, "req/s"), ("stream", STREAM_RPS_TARGET, "32-chunk streams/s")):
+    rate_targets: tuple[tuple[Mode, float, str], ...] = (
+        ("json", JSON_RPS_TARGET, "req/s"),
+        ("stream", STREAM_RPS_TARGET, "32-chunk streams/s"),
+    )
+    for mode, goal, what in rate_targets:
         rps = _rps(result, target, mode, c_hi)
         out.append(
             TargetCheck(
@@ -94,7 +99,8 @@ def render(result: GatewayBenchResult, *, command: str, plot_names: tuple[str, s
         f"Regenerate with `{command}`. Machine: {platform.machine()}, {len(_cpus())} CPUs, Python "
         f"{platform.python_version()}. Load generator: `wrk` 4 (1 thread, Lua script posting a chat body).",
         "",
-        f"**Placement:** {result.placement.describe()}.",
+        f"**Placement:** {result.placement.describe()}. Load average when the report was written: "
+        f"{', '.join(f'{x:.1f}' for x in os.getloadavg())} (other processes on the machine add noise).",
         "",
         "## Targets",
         "",
@@ -143,11 +149,20 @@ def _throughput_section(result: GatewayBenchResult, names: list[str]) -> list[st
                 m = result.get(name, mode, c)
                 if m is None:
                     continue
-                rows.append([
-                    mode, c, name, m.requests_per_s, m.p50_us / 1000, m.p99_us / 1000,
-                    _added_ms(result, name, mode, c, "p50_us"), _added_ms(result, name, mode, c, "p99_us"),
-                    _ratio(m.requests_per_s, floor), m.errors,
-                ])  # fmt: skip
+                rows.append(
+                    [
+                        mode,
+                        c,
+                        name,
+                        m.requests_per_s,
+                        m.p50_us / 1000,
+                        m.p99_us / 1000,
+                        _added_ms(result, name, mode, c, "p50_us"),
+                        _added_ms(result, name, mode, c, "p99_us"),
+                        _ratio(m.requests_per_s, floor),
+                        m.errors,
+                    ]
+                )
     header = ["mode", "c", "target", "req/s", "p50 ms", "p99 ms", "added p50 ms", "added p99 ms", "vs floor", "errors"]
     lines += [table(header, [[_num(v) for v in r] for r in rows], align="lrl" + "r" * 7), ""]
     return lines

@@ -115,7 +115,15 @@ def _profile(target: Target, *, config: GatewayBenchConfig, script: Path, cpu: i
     c = max(config.concurrencies)
     for mode in MODES:
         body = chat_body(stream=mode == "stream")
-        run_wrk(target.chat_url, script=script, body=body, connections=c, duration_s=config.profile_s / 2, api_key=target.api_key, cpu=cpu)
+        run_wrk(
+            target.chat_url,
+            script=script,
+            body=body,
+            connections=c,
+            duration_s=config.profile_s / 2,
+            api_key=target.api_key,
+            cpu=cpu,
+        )
     _, err = recorder.communicate(timeout=config.profile_s + 60)
     if not out.exists():
         raise BenchProcessError(f"py-spy on {target.name}: no output: {err.decode(errors='replace')[-1000:]}")
@@ -146,7 +154,9 @@ def run(
         for launcher in launchers:
             progress(f"starting {launcher.name}")
             try:
-                target = launcher.launch(upstream=upstream.base_url, redis_url=redis_url, cpu=place.proxy_cpu, log_dir=logs)
+                target = launcher.launch(
+                    upstream=upstream.base_url, redis_url=redis_url, cpu=place.proxy_cpu, log_dir=logs
+                )
             except (BenchProcessError, OSError, ValueError) as exc:
                 result.failures.append(f"{launcher.name}: could not start: {exc}")
                 continue
@@ -184,8 +194,15 @@ def _measure_all(
         progress(f"warming up {target.name}")
         for mode in MODES:
             try:
-                run_wrk(target.chat_url, script=script, body=chat_body(stream=mode == "stream"), connections=16,
-                        duration_s=config.warmup_s, api_key=target.api_key, cpu=cpu)
+                run_wrk(
+                    target.chat_url,
+                    script=script,
+                    body=chat_body(stream=mode == "stream"),
+                    connections=16,
+                    duration_s=config.warmup_s,
+                    api_key=target.api_key,
+                    cpu=cpu,
+                )
             except BenchProcessError as exc:
                 result.failures.append(f"{target.name}: warm-up failed: {exc}")
                 broken.add(target.name)
@@ -197,8 +214,15 @@ def _measure_all(
                     continue
                 progress(f"{mode} c={c} → {target.name}")
                 try:
-                    wrk = run_wrk(target.chat_url, script=script, body=body, connections=c,
-                                  duration_s=config.duration_s, api_key=target.api_key, cpu=cpu)
+                    wrk = run_wrk(
+                        target.chat_url,
+                        script=script,
+                        body=body,
+                        connections=c,
+                        duration_s=config.duration_s,
+                        api_key=target.api_key,
+                        cpu=cpu,
+                    )
                 except BenchProcessError as exc:
                     result.failures.append(f"{target.name}: {mode} c={c}: {exc}")
                     continue

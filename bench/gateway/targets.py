@@ -39,7 +39,8 @@ class Target:
 class TargetLauncher(Protocol):
     """Starts one proxy in front of ``upstream`` pinned to ``cpu`` and returns it once it answers."""
 
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def launch(self, *, upstream: str, redis_url: str, cpu: int | None, log_dir: Path) -> Target: ...
 
@@ -70,7 +71,9 @@ class PassthroughLauncher:
         child = start(self.name, argv, cpu=cpu, log_dir=log_dir)
         base = f"http://127.0.0.1:{port}"
         wait_http_ready(child, base + "/v1/models")
-        return Target(self.name, base, child=child, note="minimal FastAPI/uvicorn + aiohttp pass-through, bytes through")
+        return Target(
+            self.name, base, child=child, note="minimal FastAPI/uvicorn + aiohttp pass-through, bytes through"
+        )
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,6 @@ Run in a separate process (``python -m bench.gateway.ttfc URL ...``) so it can b
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import statistics
 import time

@@ -8,6 +8,9 @@ from typing import Any
 from controller.estimator import Estimate
 from fleet.perf import Profile, conditional_acceptance
 
+CONTROL_TOKEN = "test-control-token"
+"""The control token of the simulated workers the tests start."""
+
 
 def make_estimate(profile: Profile, workload: str = "maths", **overrides: Any) -> Estimate:
     """A hand-built, fully observed estimate at the profile's acceptance for ``workload``."""

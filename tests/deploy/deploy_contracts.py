@@ -17,13 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import click
 import typer.main
 from pydantic import AliasChoices, BaseModel
 from pydantic_settings import BaseSettings
 
 from fleet.clock import ManualClock
-from fleet.config import CommonSettings, FleetConfig, load_fleet, load_tenants
+from fleet.config import FleetConfig, load_fleet, load_tenants
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -59,30 +58,28 @@ def settings_class(process: Process) -> type[BaseSettings]:
     return cls
 
 
-def cli_root() -> click.Group:
+def cli_root() -> Any:
+    """The ``gearshift`` command group (Typer's own click copy: duck-typed here)."""
     from gearshift.cli import app
 
-    group = typer.main.get_command(app)
-    assert isinstance(group, click.Group)
-    return group
+    return typer.main.get_command(app)
 
 
-def resolve_command(argv: list[str]) -> tuple[Process, click.Command, list[str]]:
+def resolve_command(argv: list[str]) -> tuple[Process, Any, list[str]]:
     """The process an argv (after the ``gearshift`` entrypoint) runs, its click command, and its own args."""
     for process in PROCESSES:
         if tuple(argv[: len(process.command)]) == process.command:
-            command: click.Command = cli_root()
-            ctx = click.Context(command)
+            command = cli_root()
             for word in process.command:
-                assert isinstance(command, click.Group), f"{word!r}: not a command group"
-                sub = command.get_command(ctx, word)
+                assert hasattr(command, "get_command"), f"{word!r}: not a command group"
+                sub = command.get_command(None, word)
                 assert sub is not None, f"`gearshift {' '.join(process.command)}`: no such sub-command"
                 command = sub
             return process, command, argv[len(process.command) :]
     raise AssertionError(f"`gearshift {' '.join(argv)}` runs none of {[' '.join(p.command) for p in PROCESSES]}")
 
 
-def option_values(command: click.Command, args: list[str]) -> dict[str, str]:
+def option_values(command: Any, args: list[str]) -> dict[str, str]:
     """``--option value`` pairs of ``args``; fails on an option the command does not declare."""
     declared = {opt: param for param in command.params for opt in getattr(param, "opts", [])}
     values: dict[str, str] = {}
@@ -150,7 +147,8 @@ def served_paths(process: Process) -> frozenset[str]:
             fleet=load_fleet(),
             tenants=load_tenants(),
         )
-        return frozenset(getattr(route, "path", "") for route in app.routes)
+        # FastAPI includes routers lazily; its OpenAPI document lists every schema route's path.
+        return frozenset(app.openapi()["paths"])
     if process.command == ("sim", "serve"):
         from workers.sim.server import create_app as create_sim_app
         from workers.sim.settings import SimWorkerSettings
@@ -163,9 +161,15 @@ def served_paths(process: Process) -> frozenset[str]:
 
 
 def controller_paths() -> frozenset[str]:
-    from controller.server import served_paths as controller_served
+    """The controller serves only its metrics, with prometheus_client's exporter (controller/app.py)."""
+    import inspect
 
-    return frozenset(controller_served())
+    from controller import app
+
+    assert "start_http_server(" in inspect.getsource(app), (
+        "the controller no longer serves prometheus_client's exporter"
+    )
+    return frozenset({"/metrics"})
 
 
 def listen_port(process: Process, settings: BaseSettings, fleet: FleetConfig | None, worker_id: str | None) -> int:
@@ -174,11 +178,19 @@ def listen_port(process: Process, settings: BaseSettings, fleet: FleetConfig | N
         return int(getattr(settings, process.port_field))
     from workers.vllm.launcher import build_launch
 
-    assert fleet is not None and worker_id is not None
+    assert fleet is not None
+    assert worker_id is not None
     worker = fleet.worker(worker_id)
     assert worker is not None, f"--worker-id {worker_id}: not in the fleet file"
     argv = list(build_launch(worker).argv)
     return int(argv[argv.index("--port") + 1])
+
+
+def bind_host(process: Process, settings: BaseSettings) -> str | None:
+    """The address the process binds (the host field beside its port field); None when the launcher derives it."""
+    if process.port_field is None:
+        return None
+    return str(getattr(settings, process.port_field.removesuffix("port") + "host"))
 
 
 # ------------------------------------------------------------------------------------------------ metrics
@@ -224,11 +236,3 @@ def exported_series() -> frozenset[str]:
     for family, kind in _families():
         names |= {family + suffix for suffix in _SUFFIXES[kind]}
     return frozenset(names)
-
-
-def common_env_names() -> set[str]:
-    return env_names(CommonSettings)
-
-
-def config_value(data: Any) -> Any:
-    return data

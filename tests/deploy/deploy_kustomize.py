@@ -16,7 +16,16 @@ from typing import Any
 import yaml
 
 Resource = dict[str, Any]
-SUPPORTED = {"apiVersion", "kind", "namespace", "labels", "resources", "configMapGenerator", "generatorOptions", "images"}
+SUPPORTED = {
+    "apiVersion",
+    "kind",
+    "namespace",
+    "labels",
+    "resources",
+    "configMapGenerator",
+    "generatorOptions",
+    "images",
+}
 CLUSTER_SCOPED = {"Namespace"}
 
 
@@ -37,7 +46,9 @@ def _generate_configmaps(root: Path, spec: dict[str, Any], resources: list[Resou
         )
         if behavior == "merge":
             if existing is None:
-                raise KustomizeError(f"{root}: configMapGenerator {gen['name']}: merge into a ConfigMap that does not exist")
+                raise KustomizeError(
+                    f"{root}: configMapGenerator {gen['name']}: merge into a ConfigMap that does not exist"
+                )
             existing["data"].update(data)
         elif behavior == "create":
             if existing is not None:

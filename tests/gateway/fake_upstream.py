@@ -81,7 +81,11 @@ class FakeUpstream:
                 {"error": {"message": "engine crashed", "type": "InternalServerError"}}, status=500
             )
         if self.mode is Mode.HANG:
-            await asyncio.Event().wait()
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                self._abandon()
+                raise
         if self.mode is Mode.GARBAGE:
             return web.Response(body=b"<html>not json", content_type="text/html")
         if body.get("stream"):
@@ -157,7 +161,10 @@ class FakeUpstream:
             await resp.write(b"data: [DONE]\n\n")
             await resp.write_eof()
         except (asyncio.CancelledError, ConnectionResetError):
-            self.abandoned += 1
-            self.abandoned_event.set()
+            self._abandon()
             raise
         return resp
+
+    def _abandon(self) -> None:
+        self.abandoned += 1
+        self.abandoned_event.set()

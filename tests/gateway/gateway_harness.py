@@ -11,14 +11,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
-import uvicorn
+from opentelemetry.sdk.trace.export import SpanExporter
 
 from fleet.clock import Clock, SystemClock
 from fleet.config import FleetConfig, TenantsConfig, key_digest
 from fleet.store import Store
 from fleet.store_memory import MemoryStore
-from gateway.app import create_app
 from gateway.core import Gateway
+from gateway.serve import GatewayServer
 from gateway.settings import GatewaySettings
 
 PEPPER = "test-pepper"
@@ -74,10 +74,11 @@ def make_settings(**overrides: Any) -> GatewaySettings:
         "first_byte_timeout_s": 2.0,
         "idle_timeout_s": 2.0,
         "request_timeout_s": 5.0,
-        "health_interval_s": 0.2,
-        "health_timeout_s": 0.2,
+        "health_interval_s": 0.5,
+        "health_timeout_s": 0.5,
         "state_refresh_s": 0.05,
         "key_cache_ttl_s": 0.2,
+        "log_level": "WARNING",
     }
     return GatewaySettings(**{**defaults, **overrides})
 
@@ -90,7 +91,7 @@ class RunningGateway:
 
     def client(self, tenant: str | None = "alpha", **kwargs: Any) -> httpx.AsyncClient:
         headers = {"authorization": f"Bearer {KEYS[tenant]}"} if tenant else {}
-        return httpx.AsyncClient(base_url=self.url, headers=headers, timeout=10.0, **kwargs)
+        return httpx.AsyncClient(base_url=self.url, headers=headers, **{"timeout": 10.0, **kwargs})
 
     def admin(self) -> httpx.AsyncClient:
         return httpx.AsyncClient(base_url=self.url, headers={"authorization": f"Bearer {ADMIN_KEY}"}, timeout=10.0)
@@ -103,28 +104,27 @@ async def serve_gateway(
     *,
     store: Store | None = None,
     clock: Clock | None = None,
+    span_exporter: SpanExporter | None = None,
     **settings: Any,
 ) -> AsyncIterator[RunningGateway]:
     """A real gateway on a free loopback port, served by uvicorn in this event loop."""
     clock = clock or SystemClock()
     store = store or MemoryStore(clock=clock)
-    app = create_app(
-        make_settings(**settings), store=store, clock=clock, fleet=fleet, tenants=tenants, rng=random.Random(7)
+    server = GatewayServer(
+        make_settings(**settings),
+        store=store,
+        clock=clock,
+        fleet=fleet,
+        tenants=tenants,
+        rng=random.Random(7),
+        span_exporter=span_exporter,
+        handle_signals=False,
     )
-    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", http="httptools", lifespan="on")
-    server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve())
-    async with asyncio.timeout(10):
-        while not server.started:
-            if task.done():
-                task.result()
-            await asyncio.sleep(0.01)
-    port = server.servers[0].sockets[0].getsockname()[1]
+    await server.start()
     try:
-        yield RunningGateway(url=f"http://127.0.0.1:{port}", gw=app.state.gateway, store=store)
+        yield RunningGateway(url=server.url, gw=server.gateway, store=store)
     finally:
-        server.should_exit = True
-        await asyncio.wait_for(task, timeout=10)
+        await server.stop()
 
 
 async def eventually(check: Callable[[], Awaitable[bool]], *, timeout_s: float = 5.0, every_s: float = 0.02) -> None:

@@ -10,7 +10,7 @@ import orjson
 import pytest
 from conftest import StartUpstreams
 from fake_upstream import Mode
-from gateway_harness import KEYS, MODEL, eventually, make_fleet, make_tenants, serve_gateway
+from gateway_harness import MODEL, eventually, make_fleet, make_tenants, serve_gateway
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 
@@ -276,5 +276,19 @@ async def test_client_disconnect_cancels_the_upstream_stream(upstreams: StartUps
             assert (await c.post("/v1/chat/completions", json=CHAT)).status_code == 200
 
 
-def test_keys_fixture_is_consistent() -> None:
-    assert set(KEYS) == {"alpha", "beta", "gamma"}
+@pytest.mark.parametrize("stream", [False, True])
+async def test_client_disconnect_before_the_first_byte_cancels_the_upstream(
+    upstreams: StartUpstreams, stream: bool
+) -> None:
+    (w,) = await upstreams(1, mode=Mode.HANG)
+    tenants = make_tenants(alpha={"max_concurrency": 1})
+    async with serve_gateway(make_fleet([w.url]), tenants, first_byte_timeout_s=30, request_timeout_s=30) as g:
+        async with g.client(timeout=0.3) as c:
+            with pytest.raises(httpx.ReadTimeout):
+                await c.post("/v1/chat/completions", json={**CHAT, "stream": stream})
+        async with asyncio.timeout(5):
+            await w.abandoned_event.wait()
+        w.mode = Mode.OK
+        async with g.client() as c:  # the slot and the worker's in-flight count were released
+            assert (await c.post("/v1/chat/completions", json=CHAT)).status_code == 200
+        assert g.gw.pool.views["w0"].in_flight == 0

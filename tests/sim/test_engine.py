@@ -235,3 +235,14 @@ def test_request_latency_histograms_are_recorded_on_the_engine_clock() -> None:
     assert st.tpot_s.count == 1
     assert st.iteration_tokens.count == st.steps == len(outcomes)
     assert st.busy_s == pytest.approx(st.target_s + st.drafter_s)
+
+
+def test_the_token_budget_trims_drafts_of_the_last_decoding_request() -> None:
+    engine = make_engine(schedule=((1, 256, 4),), max_num_batched_tokens=12)
+    for i in range(3):
+        engine.add(req(f"r{i}", prompt=4, max_tokens=50))
+    assert step(engine).prefill_tokens == 12
+    out = step(engine)
+    assert out.decode_seqs == 3
+    st = engine.stats
+    assert (st.num_drafts, st.num_draft_tokens) == (3, 4 + 4 + 1)

@@ -10,8 +10,15 @@ import pytest
 from _net import free_port
 
 from fleet.config import WorkerConfig
-from workers.vllm.cpu_server import REPO_ROOT, RunningServer, ServerStartError, build_tiny_model, running_server
-from workers.vllm.cpu_server import tiny_plan, tiny_worker
+from workers.vllm.cpu_server import (
+    REPO_ROOT,
+    RunningServer,
+    ServerStartError,
+    build_tiny_model,
+    running_server,
+    tiny_plan,
+    tiny_worker,
+)
 
 CONTROL_TOKEN = "real-engine-test-token"
 ENV_BUILD_TIMEOUT_S = 900.0
@@ -29,7 +36,9 @@ def vllm_env() -> None:
         check=False,
     )
     if result.returncode != 0:
-        pytest.fail(f"scripts/vllm-env.sh failed ({result.returncode}):\n{result.stdout}\n{result.stderr}", pytrace=False)
+        pytest.fail(
+            f"scripts/vllm-env.sh failed ({result.returncode}):\n{result.stdout}\n{result.stderr}", pytrace=False
+        )
 
 
 @pytest.fixture(scope="session")

@@ -50,10 +50,7 @@ class CrossoverRow:
         """Smallest batch size from which k loses to k = 0 at every larger listed batch (None: never)."""
         start: int | None = None
         for b, s in zip(self.batches, self.speedups, strict=True):
-            if s < 1.0:
-                start = b if start is None else start
-            else:
-                start = None
+            start = (b if start is None else start) if s < 1.0 else None
         return start
 
 

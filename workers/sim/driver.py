@@ -74,7 +74,7 @@ class RealTimeDriver:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            engine.now_s = max(engine.now_s, self.sim_now())
+            start_s = engine.now_s = max(engine.now_s, self.sim_now())
             try:
                 out = engine.step()
             except Exception:
@@ -82,8 +82,10 @@ class RealTimeDriver:
                 log.exception("engine step failed; aborting its requests")
                 self._abort_all()
                 continue
-            await self._clock.sleep(out.duration_s / self._speedup)
-            engine.now_s += out.duration_s
+            end_s = start_s + out.duration_s
+            # Sleep until the step's end rather than for its length, so our own overhead does not slow the clock.
+            await self._clock.sleep(max(end_s - self.sim_now(), 0.0) / self._speedup)
+            engine.now_s = end_s
             finished = set(out.finished)
             for rid, tokens in out.emitted.items():
                 target = self._sinks.get(rid)

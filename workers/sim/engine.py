@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from fleet.perf import Profile, StepShape, conditional_acceptance, step_time
 from fleet.speculation import SpeculationControl
@@ -31,8 +32,10 @@ from workers.sim.stats import EngineStats
 
 KV_BLOCK_TOKENS = 16
 """KV cache block size, tokens (vLLM's default ``block_size``)."""
-_CONTEXT_BUCKET_TOKENS = 64
-"""Acceptance probabilities are cached per 64-token bucket of context length (they vary slowly with it)."""
+_CONTEXT_BUCKET_SHIFT = 6
+"""Acceptance probabilities are cached per 2**6 = 64-token bucket of context length (they vary slowly)."""
+_DECODING = attrgetter("decoding")
+_COMPUTED = attrgetter("computed")
 
 
 @dataclass
@@ -66,6 +69,8 @@ class StepOutcome:
 class _Seq:
     req: SimRequest
     order: int
+    rid: str
+    max_tokens: int
     output_tokens: int = 0
     computed: int = 0
     """Tokens whose KV is in the cache (prompt + output, minus the last sampled token while decoding)."""
@@ -75,6 +80,10 @@ class _Seq:
     scheduled_s: float | None = None
     first_token_s: float | None = None
     last_token_s: float = 0.0
+    bucket: int = -1
+    """Context bucket ``probs`` was computed for."""
+    probs: tuple[float, ...] = ()
+    """Conditional acceptance per draft position at the current context (cached per bucket)."""
 
     @property
     def sort_key(self) -> tuple[int, float, int]:
@@ -87,16 +96,30 @@ class _Seq:
 
 @dataclass(slots=True)
 class _Batch:
-    """What a step scheduled: request → tokens to process (for decoding ones: 1 + drafts)."""
+    """What a step scheduled: decoding requests (1 + drafts tokens each) and prefill chunks."""
 
-    tokens: dict[_Seq, int] = field(default_factory=dict)
-    drafts: dict[_Seq, int] = field(default_factory=dict)
+    k: int
+    budget: int
+    decode: list[_Seq] = field(default_factory=list)
+    prefill: list[tuple[_Seq, int]] = field(default_factory=list)
+    trimmed: dict[_Seq, int] = field(default_factory=dict)
+    """Decoding requests whose drafts the token budget cut below k."""
     preempted: list[_Seq] = field(default_factory=list)
-    budget: int = 0
+
+
+@dataclass(slots=True)
+class _Executed:
+    emitted: dict[str, int] = field(default_factory=dict)
+    finished: list[str] = field(default_factory=list)
+    gaps: dict[float, int] = field(default_factory=dict)
+    """Last-token time → requests, to observe inter-token latencies in bulk."""
 
 
 class EngineCore:
-    """One simulated engine (a vLLM ``EngineCore``): scheduler, KV cache and the performance model."""
+    """One simulated engine (a vLLM ``EngineCore``): scheduler, KV cache and the performance model.
+
+    Read counters through ``stats`` (it folds the per-step accumulators into the ``EngineStats``).
+    """
 
     def __init__(
         self,
@@ -129,6 +152,8 @@ class EngineCore:
         self._by_id: dict[str, _Seq] = {}
         self._order = 0
         self._accept_cache: dict[tuple[str, int], tuple[float, ...]] = {}
+        self._accepted_hist = [0] * (self.k_max + 1)
+        """Drafts by number of accepted tokens; per-position counts are its tail sums."""
         self._stats = EngineStats(k_max=self.k_max)
 
     # ------------------------------------------------------------------------------------------ requests
@@ -148,7 +173,7 @@ class EngineCore:
                 f"prompt_tokens + max_tokens: {need - self.k_max} tokens cannot fit this engine's KV cache "
                 f"of {self.kv_capacity_tokens} tokens"
             )
-        seq = _Seq(req, self._order)
+        seq = _Seq(req, self._order, req.request_id, req.max_tokens)
         self._order += 1
         self._by_id[req.request_id] = seq
         self._waiting.push(seq)
@@ -178,66 +203,74 @@ class EngineCore:
         s.running = len(self._running)
         s.waiting = len(self._waiting)
         s.kv_usage = 1.0 - self._free_blocks / self.total_blocks
+        tail = 0
+        for pos in range(self.k_max - 1, -1, -1):
+            tail += self._accepted_hist[pos + 1]
+            s.accepted_per_pos[pos] = tail
         return s
 
     # -------------------------------------------------------------------------------------------- a step
     def step(self) -> StepOutcome:
         """Schedule, time and execute one engine iteration starting at ``now_s`` (which it does not advance)."""
         self.control.expire()
-        ready = sum(1 for s in self._running if s.decoding)
+        ready = sum(map(_DECODING, self._running))
         k = min(self.control.k_for(ready), self.k_max) if ready else 0
-        batch = _Batch(budget=self.max_num_batched_tokens)
-        self._schedule_running(batch, k)
+        batch = _Batch(k=k, budget=self.max_num_batched_tokens)
+        self._schedule_running(batch)
         if not batch.preempted:
             self._admit_waiting(batch)
-        decode = [s for s in batch.tokens if s in batch.drafts]
-        prefill_tokens = sum(n for s, n in batch.tokens.items() if s not in batch.drafts)
+        prefill_tokens = sum(n for _, n in batch.prefill)
         shape = StepShape(
-            decode_seqs=len(decode),
-            k=k if decode else 0,
-            context_tokens=sum(s.computed for s in decode),
+            decode_seqs=len(batch.decode),
+            k=k if batch.decode else 0,
+            context_tokens=sum(map(_COMPUTED, batch.decode)),
             prefill_tokens=prefill_tokens,
         )
         t = step_time(self.profile, shape)
         end_s = self.now_s + t.total_s
-        emitted, finished, new_prompt = self._execute(batch, end_s)
-        self._account(t.target_s, t.drafter_s, sum(emitted.values()) + new_prompt)
+        done = _Executed()
+        self._execute_decode(batch, end_s, done)
+        new_prompt = self._execute_prefill(batch, end_s, done)
+        for last_s, count in done.gaps.items():
+            self._stats.itl_s.observe(end_s - last_s, count)
+        self._account(t.target_s, t.drafter_s, sum(done.emitted.values()), new_prompt)
         return StepOutcome(
             duration_s=t.total_s,
             k=shape.k,
             decode_seqs=shape.decode_seqs,
             prefill_tokens=prefill_tokens,
-            emitted=emitted,
-            finished=finished,
+            emitted=done.emitted,
+            finished=done.finished,
             preempted=[s.req.request_id for s in batch.preempted],
             target_s=t.target_s,
             drafter_s=t.drafter_s,
         )
 
-    def _schedule_running(self, batch: _Batch, k: int) -> None:
+    def _schedule_running(self, batch: _Batch) -> None:
+        k, block = batch.k, KV_BLOCK_TOKENS
+        decode, prefill = batch.decode, batch.prefill
         for seq in list(self._running):
-            if batch.budget <= 0:
+            budget = batch.budget
+            if budget <= 0:
                 break
-            if seq in batch.preempted:
+            if seq.blocks == 0 and seq in batch.preempted:
                 continue  # preempted earlier in this step to make room for a request ahead of it
-            if seq.decoding:
-                drafts = min(k, batch.budget - 1)
-                n = 1 + drafts
-            else:
-                drafts = -1
-                n = min(seq.total - seq.computed, batch.budget)
-            if not self._allocate(seq, seq.computed + n, batch):
+            n = (1 + k if budget > k else budget) if seq.decoding else min(seq.total - seq.computed, budget)
+            if (seq.computed + n + block - 1) // block > seq.blocks and not self._allocate(
+                seq, seq.computed + n, batch
+            ):
                 continue  # seq itself was the victim
-            batch.tokens[seq] = n
             batch.budget -= n
-            if drafts >= 0:
-                batch.drafts[seq] = drafts
+            if seq.decoding:
+                decode.append(seq)
+                if n <= k:
+                    batch.trimmed[seq] = n - 1
+            else:
+                prefill.append((seq, n))
 
     def _allocate(self, seq: _Seq, tokens: int, batch: _Batch) -> bool:
         """Grow ``seq``'s KV to hold ``tokens``, preempting others if needed; False if ``seq`` was preempted."""
         need = -(-tokens // KV_BLOCK_TOKENS) - seq.blocks
-        if need <= 0:
-            return True
         while need > self._free_blocks:
             victim = self._victim()
             self._preempt(victim, batch)
@@ -254,9 +287,14 @@ class EngineCore:
 
     def _preempt(self, seq: _Seq, batch: _Batch) -> None:
         self._running.remove(seq)
-        if seq in batch.tokens:
-            batch.budget += batch.tokens.pop(seq)
-            batch.drafts.pop(seq, None)
+        if seq in batch.decode:
+            batch.decode.remove(seq)
+            batch.budget += 1 + batch.trimmed.pop(seq, batch.k)
+        for i, (s, n) in enumerate(batch.prefill):
+            if s is seq:
+                del batch.prefill[i]
+                batch.budget += n
+                break
         self._free(seq)
         seq.computed = 0
         seq.decoding = False
@@ -265,12 +303,12 @@ class EngineCore:
         self._stats.num_preemptions += 1
 
     def _admit_waiting(self, batch: _Batch) -> None:
-        while len(self._waiting) and batch.budget > 0:
+        while len(self._waiting) and batch.budget > 0 and len(self._running) < self.max_num_seqs:
             seq = self._waiting.peek()
             assert seq is not None
             n = min(seq.total - seq.computed, batch.budget)
             need = -(-(seq.computed + n) // KV_BLOCK_TOKENS) - seq.blocks
-            if len(self._running) >= self.max_num_seqs or need > self._free_blocks:
+            if need > self._free_blocks:
                 break
             self._waiting.pop()
             self._free_blocks -= need
@@ -278,73 +316,82 @@ class EngineCore:
             self._running.append(seq)
             if seq.scheduled_s is None:
                 seq.scheduled_s = self.now_s
-            batch.tokens[seq] = n
+            batch.prefill.append((seq, n))
             batch.budget -= n
 
     # ------------------------------------------------------------------------------------------ execution
-    def _execute(self, batch: _Batch, end_s: float) -> tuple[dict[str, int], list[str], int]:
-        emitted: dict[str, int] = {}
-        finished: list[str] = []
-        new_prompt = 0
-        gaps: dict[float, int] = {}  # last-token time → requests, to observe inter-token latencies in bulk
-        st = self._stats
-        for seq, n in batch.tokens.items():
-            drafts = batch.drafts.get(seq)
-            if drafts is None:
-                seq.computed += n
-                if seq.computed < seq.total:
-                    continue  # more prompt chunks to go
-                seq.decoding = True
-                out = 1
-                if seq.first_token_s is None:
-                    new_prompt += seq.req.prompt_tokens
-                    seq.first_token_s = end_s
-                    st.ttft_s.observe(end_s - seq.req.arrival_s)
-                else:
-                    gaps[seq.last_token_s] = gaps.get(seq.last_token_s, 0) + 1
-            else:
-                accepted = self._sample_accepted(seq, drafts) if drafts else 0
-                seq.computed += 1 + accepted
-                out = min(1 + accepted, seq.req.max_tokens - seq.output_tokens)
-                gaps[seq.last_token_s] = gaps.get(seq.last_token_s, 0) + 1
+    def _execute_decode(self, batch: _Batch, end_s: float, done: _Executed) -> None:
+        """Verify each decoding request's drafts: accept position by position, emit 1 + accepted tokens."""
+        rand = self._rng.random
+        hist = self._accepted_hist
+        emitted, gaps, trimmed, k = done.emitted, done.gaps, batch.trimmed, batch.k
+        drafts_total = draft_tokens = accepted_total = 0
+        for seq in batch.decode:
+            drafts = trimmed.get(seq, k) if trimmed else k
+            accepted = 0
+            if drafts:
+                bucket = (seq.computed + 1) >> _CONTEXT_BUCKET_SHIFT
+                if bucket != seq.bucket:
+                    seq.bucket, seq.probs = bucket, self._acceptance(seq.req.workload, bucket)
+                probs = seq.probs
+                while accepted < drafts and rand() < probs[accepted]:
+                    accepted += 1
+                hist[accepted] += 1
+                drafts_total += 1
+                draft_tokens += drafts
+                accepted_total += accepted
+            seq.computed += 1 + accepted
+            out = 1 + accepted
+            room = seq.max_tokens - seq.output_tokens
+            if out > room:
+                out = room
+            last = seq.last_token_s
+            gaps[last] = gaps.get(last, 0) + 1
             seq.last_token_s = end_s
             seq.output_tokens += out
-            emitted[seq.req.request_id] = out
-            if seq.output_tokens >= seq.req.max_tokens:
-                finished.append(seq.req.request_id)
+            emitted[seq.rid] = out
+            if out == room:
+                done.finished.append(seq.rid)
                 self._finish(seq, end_s)
-        for last_s, count in gaps.items():
-            st.itl_s.observe(end_s - last_s, count)
-        st.prompt_tokens += new_prompt
-        st.generation_tokens += sum(emitted.values())
-        return emitted, finished, new_prompt
-
-    def _sample_accepted(self, seq: _Seq, drafts: int) -> int:
         st = self._stats
-        st.num_drafts += 1
-        st.num_draft_tokens += drafts
-        probs = self._acceptance(seq.req.workload, seq.computed + 1)
-        rand = self._rng.random
-        accepted = 0
-        per_pos = st.accepted_per_pos
-        while accepted < drafts and rand() < probs[accepted]:
-            per_pos[accepted] += 1
-            accepted += 1
-        st.num_accepted_tokens += accepted
-        return accepted
+        st.num_drafts += drafts_total
+        st.num_draft_tokens += draft_tokens
+        st.num_accepted_tokens += accepted_total
 
-    def _acceptance(self, workload: str, context_tokens: int) -> tuple[float, ...]:
-        bucket = context_tokens // _CONTEXT_BUCKET_TOKENS
+    def _execute_prefill(self, batch: _Batch, end_s: float, done: _Executed) -> int:
+        """Advance prefill chunks; a request whose prompt (or recompute) completes samples one token.
+        Returns the prompt tokens of requests that produced their first token (vLLM's prompt counter)."""
+        new_prompt = 0
+        for seq, n in batch.prefill:
+            seq.computed += n
+            if seq.computed < seq.total:
+                continue  # more prompt chunks to go
+            seq.decoding = True
+            if seq.first_token_s is None:
+                new_prompt += seq.req.prompt_tokens
+                seq.first_token_s = end_s
+                self._stats.ttft_s.observe(end_s - seq.req.arrival_s)
+            else:
+                done.gaps[seq.last_token_s] = done.gaps.get(seq.last_token_s, 0) + 1
+            seq.last_token_s = end_s
+            seq.output_tokens += 1
+            done.emitted[seq.rid] = 1
+            if seq.output_tokens >= seq.max_tokens:
+                done.finished.append(seq.rid)
+                self._finish(seq, end_s)
+        return new_prompt
+
+    def _acceptance(self, workload: str, bucket: int) -> tuple[float, ...]:
         key = (workload, bucket)
         probs = self._accept_cache.get(key)
         if probs is None:
-            probs = conditional_acceptance(self.profile, workload, bucket * _CONTEXT_BUCKET_TOKENS)
+            probs = conditional_acceptance(self.profile, workload, bucket << _CONTEXT_BUCKET_SHIFT)
             self._accept_cache[key] = probs
         return probs
 
     def _finish(self, seq: _Seq, at_s: float) -> None:
         self._running.remove(seq)
-        del self._by_id[seq.req.request_id]
+        del self._by_id[seq.rid]
         self._free(seq)
         self._record_finish(seq, at_s)
 
@@ -361,10 +408,12 @@ class EngineCore:
         self._free_blocks += seq.blocks
         seq.blocks = 0
 
-    def _account(self, target_s: float, drafter_s: float, iteration_tokens: int) -> None:
+    def _account(self, target_s: float, drafter_s: float, generated: int, new_prompt: int) -> None:
         st = self._stats
         st.steps += 1
         st.target_s += target_s
         st.drafter_s += drafter_s
         st.busy_s += target_s + drafter_s
-        st.iteration_tokens.observe(iteration_tokens)
+        st.prompt_tokens += new_prompt
+        st.generation_tokens += generated
+        st.iteration_tokens.observe(generated + new_prompt)

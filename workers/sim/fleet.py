@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit
@@ -64,8 +65,7 @@ class SimFleet:
             raise
 
     async def stop(self) -> None:
-        for server in reversed(self.servers):
-            await server.stop()
+        await asyncio.gather(*(s.stop() for s in self.servers if s.port is not None))
 
     @property
     def urls(self) -> list[str]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 
 from workers.sim.driver import Delivery, RealTimeDriver
@@ -114,7 +114,7 @@ class Generation:
                 c.done = True
                 self.driver.abort(c.request_id)
 
-    async def deltas(self) -> AsyncIterator[ChoiceDelta]:
+    async def deltas(self) -> AsyncGenerator[ChoiceDelta, None]:
         """Text deltas as tokens arrive, ending with each choice's finish; aborts what is left on exit."""
         remaining = sum(not c.done for c in self.choices)
         try:

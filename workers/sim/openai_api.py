@@ -92,7 +92,7 @@ def _start(worker: SimWorker, spec: GenerationSpec, prefix: str) -> Generation:
     try:
         generation.submit()
     except ValueError as exc:
-        raise BadRequest(str(exc), param="max_tokens") from exc
+        raise BadRequest(str(exc)) from exc
     return generation
 
 
@@ -109,6 +109,8 @@ async def completions(request: web.Request) -> web.StreamResponse:
     worker = request.app[WORKER]
     body = await read_body(request, CompletionRequest)
     _check_common(worker, body)
+    if not body.prompts():
+        raise BadRequest("prompt: must not be empty", param="prompt")
     prompts = []
     for p in body.prompts():
         tokens = body.gearshift_prompt_tokens or (count_text_tokens(p) if isinstance(p, str) else len(p))
@@ -232,9 +234,11 @@ async def _stream(
         if options is not None and options.include_usage:
             await _send(response, {**head, "choices": [], "usage": _usage(generation)})
         await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+    except ConnectionResetError:
+        pass  # the client went away; ``generation.deltas`` has already aborted its engine requests
     finally:
         generation.abort()
-    await response.write_eof()
     return response
 
 

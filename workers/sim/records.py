@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 
 @dataclass(slots=True)
@@ -49,9 +50,8 @@ class RequestRecord:
         return self.finish_s - self.arrival_s
 
 
-@dataclass(frozen=True, slots=True)
-class StepRecord:
-    """One engine iteration of one worker."""
+class StepRecord(NamedTuple):
+    """One engine iteration of one worker (a named tuple: the lab makes one per step, so it must be cheap)."""
 
     worker: int
     """Index of the worker in the lab."""

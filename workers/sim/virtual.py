@@ -31,6 +31,7 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import cast
 
 from fleet.clock import ManualClock
 from fleet.perf import Profile
@@ -172,6 +173,8 @@ class VirtualLab:
         self._in_flight: dict[str, tuple[RequestRecord, int]] = {}
         self._outcomes: dict[int, tuple[float, StepOutcome]] = {}
         self._started = False
+        self._dirty: set[int] = set()
+        """Workers to consider for a new step once the events of the current instant are handled."""
 
     # ------------------------------------------------------------------------------ LoadContext protocol
     @property
@@ -212,17 +215,19 @@ class VirtualLab:
 
     def _dispatch(self, kind: int, payload: object) -> None:
         if kind == _STEP_END:
-            assert isinstance(payload, int)
-            self._finish_step(payload)
+            self._finish_step(cast(int, payload))
         elif kind == _ARRIVAL:
-            assert isinstance(payload, _Arrival)
-            self._arrive(payload)
+            self._arrive(cast(_Arrival, payload))
         elif kind == _CALL:
-            payload(self)  # type: ignore[operator]
+            cast(PhaseCallback, payload)(self)
         else:
-            assert self.tick_s is not None and self.on_tick is not None
-            self.on_tick(TickContext(self._now, self.clock, self.workers, self.records))
-            self._push(self._now + self.tick_s, _TICK, None)
+            self._tick()
+
+    def _tick(self) -> None:
+        if self.tick_s is None or self.on_tick is None:
+            raise RuntimeError("tick scheduled without tick_s and on_tick")
+        self.on_tick(TickContext(self._now, self.clock, self.workers, self.records))
+        self._push(self._now + self.tick_s, _TICK, None)
 
     def _arrive(self, arrival: _Arrival) -> None:
         spec = arrival.spec
@@ -244,11 +249,15 @@ class VirtualLab:
         request = SimRequest(rid, spec.prompt_tokens, spec.max_tokens, spec.workload, spec.priority, self._now)
         worker.engine.add(request)
         worker.outstanding += 1
+        self._dirty.add(index)
         self.records.requests.append(record)
         self._in_flight[rid] = (record, index)
 
     def _start_idle_workers(self) -> None:
-        for index, worker in enumerate(self.workers):
+        """Start a step on every worker that became idle or got a request at this instant and has work."""
+        dirty, self._dirty = self._dirty, set()
+        for index in sorted(dirty):
+            worker = self.workers[index]
             if worker.busy or not worker.engine.has_work():
                 continue
             engine = worker.engine
@@ -263,13 +272,16 @@ class VirtualLab:
     def _finish_step(self, index: int) -> None:
         worker = self.workers[index]
         start_s, out = self._outcomes.pop(index)
+        now = self._now
         worker.busy = False
-        worker.engine.now_s = self._now
+        self._dirty.add(index)
+        worker.engine.now_s = now
         in_flight = self._in_flight
-        for rid, n in out.emitted.items():
+        emitted = out.emitted
+        for rid, n in emitted.items():
             record = in_flight[rid][0]
-            if record.output_tokens == 0 and n > 0:
-                record.first_token_s = self._now
+            if not record.output_tokens:
+                record.first_token_s = now
             record.output_tokens += n
         if self.record_steps:
             self.records.steps.append(
@@ -280,14 +292,14 @@ class VirtualLab:
                     out.k,
                     out.decode_seqs,
                     out.prefill_tokens,
-                    sum(out.emitted.values()),
+                    sum(emitted.values()),
                     out.target_s,
                     out.drafter_s,
                 )
             )
         for rid in out.finished:
-            record, _ = in_flight.pop(rid)
-            record.finish_s = self._now
+            record = in_flight.pop(rid)[0]
+            record.finish_s = now
             worker.outstanding -= 1
             if record.stream is not None:
                 self.load.on_stream_done(record.stream, self)

@@ -44,6 +44,10 @@ class CpuOptions:
     dtype: str = "float32"
     enforce_eager: bool = True
     """Skip torch.compile warm-up: start-up drops from ~55 s to ~22 s on 2 cores; a tiny model loses nothing."""
+    in_process_worker: bool = True
+    """Run the model worker inside the EngineCore process (``--distributed-executor-backend uni`` with
+    ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, which vLLM's CPU platform requires for it): one process and one torch
+    import fewer. The API server still talks to a separate EngineCore process, the path the plugin uses."""
 
 
 @dataclass(frozen=True)
@@ -141,5 +145,8 @@ def build_launch(
         if cpu.enforce_eager:
             argv.append("--enforce-eager")
         env |= {"VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1"}
+        if cpu.in_process_worker:
+            argv += ["--distributed-executor-backend", "uni"]
+            env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     argv += list(worker.extra_args)
     return LaunchPlan(argv=tuple(argv), env=env)

@@ -1,0 +1,112 @@
+"""Tiny versions of both benchmark commands: they write a well-formed report with valid PNGs.
+
+Timings are never asserted: the machine running the suite is not the benchmark machine.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from bench.markdown import parse_table
+from gearshift.cli import app
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _pngs(markdown: str, directory: Path) -> list[Path]:
+    names = [line.split("](", 1)[1].rstrip(")") for line in markdown.splitlines() if line.startswith("![")]
+    return [directory / n for n in names]
+
+
+def _assert_pngs(markdown: str, directory: Path, count: int) -> None:
+    paths = _pngs(markdown, directory)
+    assert len(paths) == count
+    for path in paths:
+        data = path.read_bytes()
+        assert data[:8] == PNG_MAGIC
+        assert data[12:16] == b"IHDR"
+        assert len(data) > 1000
+
+
+def test_bench_policies_smoke(tmp_path: Path) -> None:
+    result = CliRunner().invoke(
+        app,
+        [
+            "bench",
+            "policies",
+            "--out",
+            str(tmp_path),
+            "--scenario",
+            "phase-shift",
+            "--scale",
+            "0.03",
+            "--processes",
+            "1",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    md = (tmp_path / "policies.md").read_text()
+    header, rows = parse_table(md, "### Goodput table")
+    assert header[0] == "scenario"
+    assert header[1:] == [
+        "k=0",
+        "k=1",
+        "k=2",
+        "k=4",
+        "k=8",
+        "vllm-table",
+        "gate",
+        "gearshift",
+        "oracle",
+    ]
+    assert [r[0] for r in rows] == ["phase-shift"]
+    header, rows = parse_table(md, "### Targets table")
+    assert header == ["target", "scenario", "figure", "status"]
+    targets = {r[0] for r in rows}
+    assert "≥ 95 % of the oracle's goodput" in targets
+    assert "< 2 k switches per worker-minute" in targets
+    assert "≥ +20 % over the best single static k (mixed)" in targets  # phase-shift is a mixed scenario
+    assert all(r[3] in ("met", "**not met**") for r in rows)
+    header, rows = parse_table(md, "### phase-shift table")
+    assert header[:3] == ["policy", "goodput tok/s", "throughput tok/s"]
+    assert len(rows) == 9
+    _assert_pngs(md, tmp_path, 4)
+
+
+@pytest.mark.redis
+def test_bench_gateway_smoke(tmp_path: Path) -> None:
+    result = CliRunner().invoke(
+        app,
+        [
+            "bench",
+            "gateway",
+            "--out",
+            str(tmp_path),
+            "--duration",
+            "1",
+            "--concurrency",
+            "1",
+            "--profile-seconds",
+            "0",
+            "--ttfc-seconds",
+            "0.5",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    md = (tmp_path / "gateway.md").read_text()
+    header, rows = parse_table(md, "### Throughput and latency table")
+    assert header[:4] == ["mode", "c", "target", "req/s"]
+    assert {(r[0], r[2]) for r in rows} == {
+        (mode, target) for mode in ("json", "stream") for target in ("direct", "passthrough", "gearshift")
+    }
+    assert all(r[-1] == "0" for r in rows), "no request may fail"
+    _, rows = parse_table(md, "### Time to first chunk table")
+    assert {r[0] for r in rows} == {"direct", "passthrough", "gearshift"}
+    assert all(int(r[1]) > 0 and r[-1] == "0" for r in rows)
+    _, rows = parse_table(md, "### Targets table")
+    assert {r[0] for r in rows} == {"passthrough", "gearshift"}
+    assert "## Failures" not in md
+    _assert_pngs(md, tmp_path, 2)

@@ -1,0 +1,94 @@
+"""The gateway bench's parts: the fake upstream on loopback, wrk's summary line, py-spy's collapsed stacks."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+
+from bench.gateway import upstream
+from bench.gateway.procs import BenchProcessError
+from bench.gateway.profile import component_of, summarise
+from bench.gateway.wrk import chat_body, parse_output
+
+
+@pytest.fixture
+async def upstream_url() -> AsyncIterator[str]:
+    sock = socket.create_server(("127.0.0.1", 0))
+    server = await upstream.serve(sock)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def test_upstream_answers_json_with_usage(upstream_url: str) -> None:
+    async with (
+        aiohttp.ClientSession() as s,
+        s.post(upstream_url + "/v1/chat/completions", data=chat_body(stream=False)) as r,
+    ):
+        body = await r.json()
+    assert r.status == 200
+    assert body["usage"]["completion_tokens"] == upstream.STREAM_CHUNKS
+
+
+async def test_upstream_streams_32_chunks_usage_and_done(upstream_url: str) -> None:
+    async with (
+        aiohttp.ClientSession() as s,
+        s.post(upstream_url + "/v1/chat/completions", data=chat_body(stream=True)) as r,
+    ):
+        text = (await r.read()).decode()
+    events = [e for e in text.split("\n\n") if e]
+    assert r.headers["content-type"] == "text/event-stream"
+    assert len(events) == upstream.STREAM_CHUNKS + 2
+    assert '"usage"' in events[-2]
+    assert events[-1] == "data: [DONE]"
+
+
+async def test_upstream_keeps_the_connection_alive(upstream_url: str) -> None:
+    connector = aiohttp.TCPConnector(limit=1)
+    async with aiohttp.ClientSession(connector=connector) as s:
+        for path in ("/health", "/v1/models", "/metrics", "/nope"):
+            async with s.get(upstream_url + path) as r:
+                await r.read()
+                assert r.status == (404 if path == "/nope" else 200)
+
+
+def test_parse_wrk_summary() -> None:
+    out = (
+        "Running 1s test\n"
+        'GEARSHIFT_BENCH_JSON {"requests": 2000, "duration_us": 1000000, "bytes": 1, "errors_connect": 0, '
+        '"errors_read": 1, "errors_write": 0, "errors_status": 2, "errors_timeout": 0, "p50_us": 400, '
+        '"p90_us": 700, "p99_us": 1500, "mean_us": 450.5, "max_us": 9000}\n'
+    )
+    r = parse_output(out)
+    assert r.requests_per_s == 2000
+    assert r.errors == 3
+    assert r.p99_us == 1500
+
+
+def test_parse_wrk_without_summary_is_an_error() -> None:
+    with pytest.raises(BenchProcessError, match="no summary line"):
+        parse_output("wrk: connection refused")
+
+
+def test_profile_summary_shares() -> None:
+    raw = "\n".join(
+        [
+            "<module> (/x/uvicorn/main.py:1);handle (/work/main/gateway/pipeline.py:10);"
+            "send (/x/site-packages/aiohttp/client.py:5) 30",
+            "<module> (/x/uvicorn/main.py:1);handle (/work/main/gateway/pipeline.py:10) 10",
+            "<module> (/x/uvicorn/main.py:1);forward (/work/main/bench/gateway/passthrough.py:3) 10",
+        ]
+    )
+    p = summarise(raw, target="t", expected_samples=100)
+    assert p.samples == 50
+    assert p.idle_share == pytest.approx(0.5)
+    assert p.inclusive["gateway (gearshift)"] == pytest.approx(0.8)
+    assert p.inclusive["aiohttp (upstream client)"] == pytest.approx(0.6)
+    assert p.inclusive["uvicorn (HTTP server)"] == pytest.approx(1.0)
+    assert p.top_self[0][0].startswith("send (")
+    assert component_of("/work/main/bench/gateway/passthrough.py") == "bench pass-through"

@@ -1,0 +1,133 @@
+"""Windows (counter deltas over constant k) and the estimator that smooths them."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+import pytest
+
+from controller.estimator import EstimatorConfig, WorkerEstimator
+from controller.metrics_text import WorkerScrape
+from controller.model import predict_step
+from controller.window import Window, WindowBreak, window_between
+from fleet.perf import Profile, conditional_acceptance
+
+SCHEDULE4 = ((1, 256, 4),)
+
+
+def scrape(at: float, **kw: object) -> WorkerScrape:
+    base = WorkerScrape(at_s=at, spec_version=3, spec_schedule=SCHEDULE4, running=8)
+    return replace(base, **kw)  # type: ignore[arg-type]
+
+
+def test_window_deltas_and_derived_figures() -> None:
+    prev = scrape(10.0, drafts=100, draft_tokens=400, accepted=200, accepted_per_pos=(90, 60, 35, 15), steps=20,
+                  generation_tokens=300, prompt_tokens=50)  # fmt: skip
+    cur = scrape(12.0, drafts=260, draft_tokens=1040, accepted=520, accepted_per_pos=(234, 156, 91, 39), steps=40,
+                 generation_tokens=780, prompt_tokens=90, kv_usage=0.4)  # fmt: skip
+    w = window_between(prev, cur, k=0)
+    assert w.k == 4  # from the worker's exported schedule, not the fallback argument
+    assert w.duration_s == 2.0
+    assert w.accepted_per_pos == (144, 96, 56, 24)
+    assert w.decode_batch == 8.0  # 160 drafts / 20 steps
+    assert w.accepted_length == pytest.approx(1 + 320 / 160)
+    assert w.step_s == pytest.approx(0.1)
+    assert w.kv_usage == 0.4
+
+
+@pytest.mark.parametrize(
+    ("cur", "why"),
+    [
+        (scrape(12.0, drafts=5), "counter reset"),
+        (scrape(12.0, drafts=200, spec_version=4), "schedule changed"),
+        (scrape(12.0, drafts=200, spec_schedule=((1, 256, 2),)), "schedule changed"),
+        (scrape(10.0, drafts=200), "no time"),
+    ],
+)
+def test_window_breaks(cur: WorkerScrape, why: str) -> None:
+    with pytest.raises(WindowBreak, match=why):
+        window_between(scrape(10.0, drafts=100), cur, k=4)
+
+
+def test_idle_window_has_no_step_time_and_k0_batch_from_tokens() -> None:
+    idle = window_between(scrape(0.0, running=0), scrape(2.0, running=0, steps=0), k=4)
+    assert idle.step_s is None
+    assert idle.decode_batch == 0.0
+    k0 = window_between(
+        scrape(0.0, spec_schedule=((1, 256, 0),)),
+        scrape(2.0, spec_schedule=((1, 256, 0),), steps=50, generation_tokens=600),
+        k=4,
+    )
+    assert k0.k == 0
+    assert k0.decode_batch == 12.0
+
+
+def synthetic_window(profile: Profile, rng: random.Random, *, k: int, batch: int, truth: tuple[float, ...],
+                     context: float = 1000.0, slowdown: float = 1.0) -> Window:  # fmt: skip
+    """A window of ``steps`` steps at ``batch`` sequences with acceptance drawn from ``truth``."""
+    steps = 100
+    drafts = steps * batch
+    per_pos = [0.0] * len(truth)
+    for _ in range(drafts):
+        for i in range(k):
+            if rng.random() >= truth[i]:
+                break
+            per_pos[i] += 1
+    accepted = sum(per_pos)
+    step = predict_step(profile, batch=batch, k=k, context_per_seq=context).total_s * slowdown
+    return Window(
+        duration_s=steps * step, k=k, drafts=drafts if k else 0, draft_tokens=drafts * k if k else 0,
+        accepted=accepted, accepted_per_pos=tuple(per_pos), preemptions=0, generation_tokens=drafts + accepted,
+        prompt_tokens=0, steps=steps, running=batch, waiting=0, kv_usage=batch * context / 2_000_000, busy=True,
+    )  # fmt: skip
+
+
+def test_estimator_recovers_observed_positions_and_shifts_the_prior(lab_profile: Profile) -> None:
+    rng = random.Random(5)
+    truth = tuple(min(p * 0.97, 0.99) for p in conditional_acceptance(lab_profile, "maths", 1000))
+    est = WorkerEstimator("w0", lab_profile, 8)
+    for _ in range(10):
+        est.update(synthetic_window(lab_profile, rng, k=3, batch=8, truth=truth))
+    e = est.estimate()
+    assert e.observed_positions == 3
+    for i in range(3):
+        assert e.conditional[i] == pytest.approx(truth[i], abs=0.03)
+    prior = est.prior()
+    for i in range(3, 8):  # unobservable at k=3: the prior, shifted like the observed positions
+        assert e.conditional[i] != prior[i]
+        assert abs(e.conditional[i] - truth[i]) < abs(prior[i] - truth[i]) + 0.02
+    assert e.batch == pytest.approx(8.0)
+    assert e.context_per_seq == pytest.approx(1000.0, rel=0.01)
+    assert e.step_correction == pytest.approx(1.0, rel=0.02)
+
+
+def test_estimator_keeps_acceptance_when_speculation_is_off(lab_profile: Profile) -> None:
+    rng = random.Random(1)
+    truth = conditional_acceptance(lab_profile, "chat", 1000)
+    est = WorkerEstimator("w0", lab_profile, 8)
+    est.update(synthetic_window(lab_profile, rng, k=8, batch=4, truth=truth))
+    before = est.estimate().conditional
+    for _ in range(5):
+        est.update(synthetic_window(lab_profile, rng, k=0, batch=32, truth=truth))
+    e = est.estimate()
+    assert e.conditional == pytest.approx(before, abs=0.01)
+    assert e.k_current == 0
+    assert e.accepted_length is None
+    assert e.batch > 20
+
+
+def test_step_correction_learns_a_slower_machine(lab_profile: Profile) -> None:
+    rng = random.Random(2)
+    truth = conditional_acceptance(lab_profile, "maths", 1000)
+    est = WorkerEstimator("w0", lab_profile, 8, EstimatorConfig(alpha=0.5))
+    for _ in range(12):
+        est.update(synthetic_window(lab_profile, rng, k=4, batch=8, truth=truth, slowdown=1.5))
+    assert est.estimate().step_correction == pytest.approx(1.5, rel=0.02)
+
+
+def test_no_windows_gives_the_prior(lab_profile: Profile) -> None:
+    e = WorkerEstimator("w0", lab_profile, 8).estimate()
+    assert e.windows == 0
+    assert e.drafts_seen == 0
+    assert e.conditional == pytest.approx(conditional_acceptance(lab_profile, lab_profile.default_workload, 0))

@@ -1,0 +1,142 @@
+"""The performance model (fleet.perf): roofline step time, MoE expert activation, drafter cost, acceptance."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fleet.config import ConfigError
+from fleet.perf import (
+    Profile,
+    StepShape,
+    conditional_acceptance,
+    expected_tokens_per_step,
+    experts_touched,
+    load_profile,
+    step_time,
+)
+
+DEFAULT = load_profile("kimi-k3-dspark-tp16")
+
+
+def profile_with(**sections: dict[str, Any]) -> Profile:
+    data = DEFAULT.model_dump()
+    for section, values in sections.items():
+        data[section] = {**data[section], **values}
+    return Profile.model_validate(data)
+
+
+def test_one_token_touches_top_r_experts_and_many_tokens_touch_them_all() -> None:
+    t = DEFAULT.target
+    assert experts_touched(DEFAULT, 0) == 0.0
+    assert experts_touched(DEFAULT, 1) == pytest.approx(t.experts_per_token)
+    assert experts_touched(DEFAULT, 100_000) == pytest.approx(t.num_experts)
+    counts = [experts_touched(DEFAULT, n) for n in range(1, 200)]
+    gains = [b - a for a, b in itertools.pairwise(counts)]
+    assert all(g > 0 for g in gains), "more tokens always touch more experts"
+    assert all(b < a for a, b in itertools.pairwise(gains)), "each extra token adds fewer new experts"
+
+
+def test_batch_one_decode_step_is_the_roofline_sum() -> None:
+    t, hw = DEFAULT.target, DEFAULT.hardware
+    shape = StepShape(decode_seqs=1, k=0, context_tokens=1000)
+    weights = t.dense_bytes + t.experts_per_token * t.expert_bytes
+    kv = 1000 * t.kv_bytes_per_token * t.kv_read_replicas
+    expected = (weights + kv) / hw.hbm_bytes_per_s + t.comm_s_per_token + t.step_overhead_s
+    got = step_time(DEFAULT, shape)
+    assert got.target_s == pytest.approx(expected)
+    assert got.drafter_s == 0.0
+    assert got.total_s == got.target_s
+
+
+def test_empty_step_costs_nothing() -> None:
+    assert step_time(DEFAULT, StepShape(0, 8, 0)).total_s == 0.0
+
+
+def test_large_prefill_is_compute_bound() -> None:
+    p = profile_with(target={"comm_s_per_token": 0.0, "step_overhead_s": 0.0})
+    tokens = 1_000_000
+    got = step_time(p, StepShape(decode_seqs=0, k=0, context_tokens=0, prefill_tokens=tokens))
+    flops_s = 2 * p.target.active_params * tokens / p.hardware.flops_per_s
+    assert got.target_s == pytest.approx(flops_s)
+
+
+def test_kv_reads_grow_linearly_with_context_and_with_replicas() -> None:
+    def kv_part(profile: Profile, ctx: int) -> float:
+        return step_time(profile, StepShape(1, 0, ctx)).total_s - step_time(profile, StepShape(1, 0, 0)).total_s
+
+    assert kv_part(DEFAULT, 200_000) == pytest.approx(2 * kv_part(DEFAULT, 100_000))
+    single = profile_with(target={"kv_read_replicas": 1.0})
+    assert kv_part(DEFAULT, 100_000) == pytest.approx(DEFAULT.target.kv_read_replicas * kv_part(single, 100_000))
+
+
+def test_drafter_is_nearly_flat_in_k_and_absent_without_speculation() -> None:
+    drafter = [step_time(DEFAULT, StepShape(1, k, 2000)).drafter_s for k in range(9)]
+    assert drafter[0] == 0.0
+    assert drafter[8] > drafter[1] > 0
+    assert drafter[8] < 1.2 * drafter[1], "one block-parallel pass proposes every position"
+
+
+def test_speculation_helps_a_lot_alone_and_hurts_with_a_full_batch() -> None:
+    maths = conditional_acceptance(DEFAULT, "maths", 2000)
+
+    def gain(batch: int, k: int) -> float:
+        def rate(kk: int) -> float:
+            shape = StepShape(batch, kk, batch * 2000)
+            return expected_tokens_per_step(maths, kk) / step_time(DEFAULT, shape).total_s
+
+        return rate(k) / rate(0)
+
+    assert gain(1, 8) > 3.0
+    assert gain(1, 8) > gain(16, 8) > 1.0
+    chat = conditional_acceptance(DEFAULT, "chat", 2000)
+    full = StepShape(256, 8, 256 * 2000)
+    assert (
+        expected_tokens_per_step(chat, 8) / step_time(DEFAULT, full).total_s
+        < 1 / step_time(DEFAULT, StepShape(256, 0, 256 * 2000)).total_s
+    )
+
+
+def test_acceptance_rises_with_context_up_to_the_reference_length() -> None:
+    cls = DEFAULT.acceptance["long-context"]
+    short = conditional_acceptance(DEFAULT, "long-context", 0)
+    mid = conditional_acceptance(DEFAULT, "long-context", 50_000)
+    ref = conditional_acceptance(DEFAULT, "long-context", cls.context_ref)
+    beyond = conditional_acceptance(DEFAULT, "long-context", 10 * cls.context_ref)
+    assert short == pytest.approx(cls.base)
+    assert all(a < b < c for a, b, c in zip(short, mid, ref, strict=True))
+    assert beyond == pytest.approx(ref)
+    assert ref[0] == pytest.approx(1 - (1 - cls.base[0]) * (1 - cls.context_gain))
+
+
+def test_acceptance_has_k_max_positions_and_unknown_workloads_use_the_default() -> None:
+    assert len(conditional_acceptance(DEFAULT, "maths", 0)) == DEFAULT.drafter.k_max
+    assert conditional_acceptance(DEFAULT, "no-such-class", 123) == conditional_acceptance(
+        DEFAULT, DEFAULT.default_workload, 123
+    )
+    short = profile_with(acceptance={"chat": {"base": (0.5, 0.4)}})
+    assert conditional_acceptance(short, "chat", 0) == (0.5,) + (0.4,) * (DEFAULT.drafter.k_max - 1)
+
+
+def test_expected_tokens_per_step_counts_the_bonus_token() -> None:
+    assert expected_tokens_per_step((0.9,) * 8, 0) == 1.0
+    assert expected_tokens_per_step((1.0,) * 8, 8) == 9.0
+    assert expected_tokens_per_step((0.5, 0.5), 2) == pytest.approx(1 + 0.5 + 0.25)
+    probs = conditional_acceptance(DEFAULT, "code", 1000)
+    values = [expected_tokens_per_step(probs, k) for k in range(9)]
+    assert values == sorted(values)
+
+
+def test_load_profile_by_path_and_bad_profiles_name_the_field(tmp_path: Path) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text(DEFAULT.model_dump_json())
+    assert load_profile(path) == DEFAULT
+    data = DEFAULT.model_dump()
+    data["acceptance"]["chat"]["base"] = [0.5, 1.5]
+    path.write_text(json.dumps(data))
+    with pytest.raises(ConfigError, match=r"acceptance\.chat\.base"):
+        load_profile(path)

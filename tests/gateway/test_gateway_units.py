@@ -1,0 +1,179 @@
+"""Unit tests of the gateway's pure parts: body handling, the SSE meter, admission, keys, cost, the ledger."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from typing import Any
+
+import orjson
+import pytest
+from gateway_harness import KEYS, MODEL, PEPPER, make_fleet, make_tenants
+from hypothesis import given
+from hypothesis import strategies as st
+
+from fleet.clock import ManualClock
+from fleet.store import ApiKeyRecord, UsageRecord, WorkerState
+from fleet.store_memory import MemoryStore
+from gateway.admission import Admitter, reason_of
+from gateway.auth import KeyRing
+from gateway.body import parse_completion
+from gateway.errors import AuthenticationFailed, InvalidRequest, RateLimited
+from gateway.metering import LedgerWriter, request_cost
+from gateway.metrics import GatewayMetrics
+from gateway.pool import WorkerView
+from gateway.sse import StreamMeter
+
+
+# ------------------------------------------------------------------------------------------------- body
+def test_upstream_body_changes_only_stream_options_and_priority() -> None:
+    raw = orjson.dumps(
+        {"model": MODEL, "messages": [{"role": "user", "content": "abcd" * 10}], "stream": True, "max_tokens": 9,
+         "stream_options": {"continuous_usage_stats": True}, "priority": -5, "vendor": {"a": 1}}
+    )  # fmt: skip
+    req = parse_completion(raw, prompt_field="messages")
+    assert (req.model, req.stream, req.client_wants_usage, req.max_tokens) == (MODEL, True, False, 9)
+    assert req.estimated_tokens(default_max_tokens=100, chars_per_token=4) == 10 + 1 + 9
+    sent = orjson.loads(req.upstream_body(priority=10))
+    assert sent["stream_options"] == {"continuous_usage_stats": True, "include_usage": True}
+    assert sent["priority"] == 10
+    assert sent["vendor"] == {"a": 1}
+    assert list(sent) == list(orjson.loads(raw))  # field order kept too
+
+
+def test_prompt_estimate_counts_text_parts_and_completion_prompts() -> None:
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": [{"type": "text", "text": "x" * 40}]}]}
+    assert parse_completion(orjson.dumps(chat), prompt_field="messages").prompt_chars == 40
+    text = parse_completion(orjson.dumps({"model": MODEL, "prompt": ["ab", "cde"]}), prompt_field="prompt")
+    assert text.prompt_chars == 5
+    assert text.estimated_tokens(default_max_tokens=64, chars_per_token=4) == 1 + 1 + 64
+    with pytest.raises(InvalidRequest, match="prompt"):
+        parse_completion(orjson.dumps({"model": MODEL}), prompt_field="prompt")
+
+
+# -------------------------------------------------------------------------------------------------- SSE
+def _chunk(content: str) -> bytes:
+    return b"data: " + orjson.dumps({"choices": [{"index": 0, "delta": {"content": content}}]}) + b"\n\n"
+
+
+USAGE = b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":4,"total_tokens":7}}\n\n'
+STREAM = _chunk("") + _chunk("a") + _chunk("b") + _chunk("c") + USAGE + b"data: [DONE]\n\n"
+
+
+def _run(meter: StreamMeter, parts: list[bytes]) -> bytes:
+    out = b""
+    for t, part in enumerate(parts):
+        out += meter.feed(part, float(t))
+    return out + meter.flush()
+
+
+@given(st.lists(st.integers(min_value=0, max_value=len(STREAM)), max_size=12))
+def test_stream_meter_output_does_not_depend_on_chunking(cuts: list[int]) -> None:
+    bounds = [0, *sorted(cuts), len(STREAM)]
+    parts = [STREAM[a:b] for a, b in itertools.pairwise(bounds)]
+    stripped = StreamMeter(strip_usage=True)
+    assert _run(stripped, parts) == STREAM[: STREAM.index(USAGE)]
+    assert stripped.done
+    assert stripped.usage is not None
+    assert (stripped.usage.prompt_tokens, stripped.usage.completion_tokens) == (3, 4)
+    assert stripped.token_events == 4
+    kept = StreamMeter(strip_usage=False)
+    assert _run(kept, parts) == STREAM[: STREAM.index(b"data: [DONE]")]
+
+
+def test_stream_meter_times_first_and_last_token() -> None:
+    meter = StreamMeter(strip_usage=True)
+    meter.feed(_chunk(""), 1.0)
+    meter.feed(_chunk("a") + _chunk("b"), 2.0)
+    meter.feed(USAGE, 9.0)
+    assert (meter.first_token_at, meter.last_token_at) == (1.0, 2.0)
+
+
+# ------------------------------------------------------------------------------------------- admission
+def test_rejection_reasons_are_a_closed_set() -> None:
+    assert [reason_of(k) for k in ("rpm:a", "tpm:a", "concurrency:a", "spend:a", "odd")] == [
+        "rpm", "tpm", "concurrency", "budget", "rpm",
+    ]  # fmt: skip
+
+
+def test_retry_after_is_whole_seconds_rounded_up() -> None:
+    assert RateLimited("x", limit="rpm", retry_after_s=0.2).headers()["retry-after"] == "1"
+    assert RateLimited("x", limit="rpm", retry_after_s=2.01).headers()["retry-after"] == "3"
+
+
+async def test_admit_then_settle_releases_the_slot_and_refunds_tokens() -> None:
+    clock = ManualClock()
+    store = MemoryStore(clock=clock)
+    tenant = make_tenants(alpha={"tpm": 100, "max_concurrency": 1, "budget_usd": 1.0}).tenants[0]
+    admitter = Admitter(store, clock=clock)
+    ticket = await admitter.admit(tenant, request_id="r1", tokens=80)
+    with pytest.raises(RateLimited) as refused:
+        await admitter.admit(tenant, request_id="r2", tokens=10)
+    assert refused.value.limit == "concurrency"
+    await admitter.settle(ticket, used_tokens=20, cost_usd=0.25)
+    await admitter.settle(ticket, used_tokens=20, cost_usd=0.25)  # idempotent
+    assert await store.spent("spend:alpha") == 0.25
+    await admitter.settle(await admitter.admit(tenant, request_id="r3", tokens=80), used_tokens=80, cost_usd=0.0)
+    with pytest.raises(RateLimited) as refused:
+        await admitter.admit(tenant, request_id="r4", tokens=1)
+    assert refused.value.limit == "tpm"
+
+
+# ------------------------------------------------------------------------------------------------ keys
+async def test_runtime_keys_are_cached_and_revocation_is_seen_after_the_ttl() -> None:
+    clock = ManualClock()
+    store = MemoryStore(clock=clock)
+    ring = KeyRing(make_tenants(), store, pepper=PEPPER, clock=clock, cache_ttl_s=5.0)
+    assert (await ring.authenticate(f"Bearer {KEYS['alpha']}")).tenant.id == "alpha"
+    digest = ring.digest("sk-runtime")
+    await store.put_api_key(ApiKeyRecord(key_id="k", tenant="beta", digest=digest, created_at=clock.wall()))
+    principal = await ring.authenticate("Bearer sk-runtime")
+    assert (principal.tenant.id, principal.tier_name, principal.key_id) == ("beta", "batch", "k")
+    await store.revoke_api_key("k")  # revoked through another replica: this one learns after its cache TTL
+    assert (await ring.authenticate("Bearer sk-runtime")).tenant.id == "beta"
+    clock.advance(5.1)
+    with pytest.raises(AuthenticationFailed):
+        await ring.authenticate("Bearer sk-runtime")
+
+
+# ------------------------------------------------------------------------------------------------ cost
+def test_cost_uses_the_published_price_else_the_time_share() -> None:
+    worker = WorkerView(config=make_fleet(["http://127.0.0.1:1"]).workers[0])
+    assert worker.config.usd_per_second == pytest.approx(16 * 3.0 / 3600)
+    assert request_cost(worker, completion_tokens=100, busy_s=2.0, concurrent=4) == pytest.approx(
+        worker.config.usd_per_second * 2.0 / 4
+    )
+    worker.state = WorkerState(worker_id="w0", model=MODEL, k_desired=4, k_applied=4, accepted_length=3.0,
+                               usd_per_mtok=1.5)  # fmt: skip
+    assert request_cost(worker, completion_tokens=100, busy_s=2.0, concurrent=4) == pytest.approx(1.5e-4)
+
+
+# ---------------------------------------------------------------------------------------------- ledger
+class FlakyStore(MemoryStore):
+    """Fails the first ``failures`` ledger appends."""
+
+    def __init__(self, failures: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.failures = failures
+
+    async def append_usage(self, record: UsageRecord) -> None:
+        if self.failures:
+            self.failures -= 1
+            raise ConnectionError("store away")
+        await super().append_usage(record)
+
+
+async def test_ledger_writer_retries_until_the_store_takes_the_record() -> None:
+    clock = ManualClock()
+    store = FlakyStore(3, clock=clock)
+    metrics = GatewayMetrics()
+    writer = LedgerWriter(store, clock=clock, metrics=metrics)
+    writer.start()
+    record = UsageRecord(request_id="r", tenant="alpha", model=MODEL, worker_id="w0", prompt_tokens=1,
+                         completion_tokens=2, cost_usd=0.0, status="ok", at=clock.wall())  # fmt: skip
+    writer.append(record)
+    async with asyncio.timeout(5):
+        await writer.idle()
+    await writer.close()
+    assert (await store.usage("alpha", since=0, until=1e12)).requests == 1
+    assert metrics.loop_errors.labels(loop="ledger")._value.get() == 3

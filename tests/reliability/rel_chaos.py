@@ -1,0 +1,77 @@
+"""A fault-injecting HTTP proxy in front of a real simulated worker: in mode ``ok`` it passes requests through
+(streaming), in ``http_500`` it answers 500, in ``garbage`` it answers 200 with bytes that are neither JSON nor
+server-sent events. It also records the headers each request arrived with (for header-leak checks)."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+import aiohttp
+from aiohttp import web
+from multidict import CIMultiDict
+
+_HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "host", "te", "upgrade"}
+GARBAGE = b"\x00\xff<html>not an event stream" * 4
+
+
+class Mode(StrEnum):
+    OK = "ok"
+    HTTP_500 = "http_500"
+    GARBAGE = "garbage"
+
+
+class ChaosProxy:
+    """Listens on a free loopback port; ``url`` once started."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target
+        self.mode = Mode.OK
+        self.seen_headers: list[CIMultiDict[str]] = []
+        self.bodies: list[bytes] = []
+        self.url = ""
+        self.extra_response_headers: dict[str, str] = {}
+        """Headers added to every passed-through response (to check the gateway does not forward them)."""
+        self._session: aiohttp.ClientSession | None = None
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
+
+    async def start(self) -> ChaosProxy:
+        self._session = aiohttp.ClientSession(auto_decompress=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
+        return self
+
+    async def stop(self) -> None:
+        await self._runner.cleanup()
+        if self._session is not None:
+            await self._session.close()
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        if request.path.startswith("/v1/"):
+            self.seen_headers.append(CIMultiDict(request.headers))
+            self.bodies.append(body)
+        if self.mode is Mode.HTTP_500 and request.path != "/health":
+            return web.json_response({"error": {"message": "injected", "type": "InternalServerError"}}, status=500)
+        if self.mode is Mode.GARBAGE and request.path != "/health":
+            return web.Response(body=GARBAGE, content_type="text/event-stream")
+        assert self._session is not None
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP}
+        async with self._session.request(
+            request.method, self.target + request.path_qs, data=body, headers=headers
+        ) as upstream:
+            response = web.StreamResponse(
+                status=upstream.status,
+                headers={
+                    **{k: v for k, v in upstream.headers.items() if k.lower() not in _HOP_BY_HOP},
+                    **self.extra_response_headers,
+                },
+            )
+            await response.prepare(request)
+            async for chunk in upstream.content.iter_any():
+                await response.write(chunk)
+            await response.write_eof()
+            return response

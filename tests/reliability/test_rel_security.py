@@ -1,0 +1,185 @@
+"""Keys, tenants and the upstream boundary: secrets never logged and stored only as keyed digests, the admin API
+on its own key, usage isolated per tenant, no request field able to redirect the upstream (SSRF), hop-by-hop and
+internal headers not forwarded either way, and the workers' control API closed without the control token."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+import aiohttp
+import httpx
+import pytest
+from conftest import StartSims
+from rel_chaos import ChaosProxy
+from rel_harness import ADMIN_KEY, KEYS, MODEL, PEPPER, chat, fleet_of, live_gateway
+from redis.asyncio import Redis
+
+from bench.soak_client import stream_chat
+from fleet.config import key_digest
+from fleet.store_redis import RedisStore
+
+pytestmark = pytest.mark.redis
+
+
+@pytest.fixture
+async def chaos(sims: StartSims) -> AsyncIterator[ChaosProxy]:
+    (w,) = await sims(1)
+    proxy = await ChaosProxy(w.url).start()
+    yield proxy
+    await proxy.stop()
+
+
+async def test_secrets_are_never_logged_and_stored_only_as_keyed_digests(
+    chaos: ChaosProxy, redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    prefix = f"rel-sec-{uuid.uuid4().hex[:8]}:"
+    store = RedisStore.from_url(redis_url, prefix=prefix)
+    try:
+        async with live_gateway(fleet_of([chaos.url]), store=store) as live:
+            admin = {"authorization": f"Bearer {ADMIN_KEY}"}
+            async with httpx.AsyncClient(base_url=live.url, headers=admin) as c:
+                created = (await c.post("/admin/v1/keys", json={"tenant": "beta"})).json()
+                secret = created["secret"]
+                for bad in (KEYS["alpha"] + "x", "sk-" + "A" * 40):
+                    r = await c.post("/v1/chat/completions", json=chat(2), headers={"authorization": f"Bearer {bad}"})
+                    assert r.status_code == 401
+                assert (await c.delete(f"/admin/v1/keys/{created['key_id']}")).status_code == 200
+                await c.post("/admin/v1/keys", json={"tenant": "beta"}, headers={"authorization": "Bearer wrong-admin"})
+            async with aiohttp.ClientSession() as s:
+                for key in (KEYS["alpha"], secret):
+                    await stream_chat(s, live.url, key=key, body=chat(2))
+            await live.gw.ledger.idle()
+        redis = Redis.from_url(redis_url)
+        try:
+            stored = b""
+            async for name in redis.scan_iter(match=f"{prefix}*"):
+                kind = (await redis.type(name)).decode()
+                value = {
+                    "string": redis.get, "hash": redis.hgetall, "set": redis.smembers,
+                    "zset": lambda n: redis.zrange(n, 0, -1), "stream": lambda n: redis.xrange(n),
+                }[kind](name)  # fmt: skip
+                stored += name + repr(await value).encode()
+        finally:
+            await redis.aclose()
+    finally:
+        await store.close()
+    assert key_digest(secret, pepper=PEPPER).encode() in stored, "the created key's keyed digest is not stored"
+    for s_ in (secret, KEYS["alpha"], ADMIN_KEY):
+        assert s_.encode() not in stored, "a secret is stored in Redis in clear"
+        assert key_digest(s_, pepper="").encode() not in stored, "an unkeyed digest is stored"
+    logged = caplog.text + "".join(str(r.args) for r in caplog.records)
+    for s_ in (secret, KEYS["alpha"], ADMIN_KEY, "wrong-admin", "A" * 40):
+        assert s_ not in logged, "a secret appeared in the logs"
+    assert not any(s_.encode() in b"".join(chaos.bodies) for s_ in (secret, KEYS["alpha"]))
+
+
+async def test_admin_api_needs_the_admin_key_and_tenant_keys_cannot_use_it(chaos: ChaosProxy) -> None:
+    async with live_gateway(fleet_of([chaos.url])) as live, httpx.AsyncClient(base_url=live.url) as c:
+        for key in (KEYS["alpha"], None, "x", ADMIN_KEY + "x"):
+            headers = {"authorization": f"Bearer {key}"} if key is not None else {}
+            for method, path in (("GET", "/admin/v1/keys"), ("GET", "/admin/v1/usage/alpha"),
+                                 ("POST", "/admin/v1/keys"), ("DELETE", "/admin/v1/keys/alpha-1"),
+                                 ("GET", "/admin/v1/workers")):  # fmt: skip
+                r = await c.request(method, path, headers=headers, json={"tenant": "alpha"})
+                assert r.status_code == 401, (key, method, path, r.status_code)
+                assert r.json()["error"]["type"] == "authentication_error"
+        r = await c.post("/v1/chat/completions", json=chat(2), headers={"authorization": f"Bearer {ADMIN_KEY}"})
+        assert r.status_code == 401, "the admin key works as a tenant key"
+        r = await c.get("/admin/v1/keys", headers={"authorization": f"Bearer {ADMIN_KEY}"})
+        assert r.status_code == 200
+        assert all("secret" not in k and "digest" not in k for k in r.json()["data"])
+
+
+async def test_a_tenant_reads_only_its_own_usage(chaos: ChaosProxy) -> None:
+    async with live_gateway(fleet_of([chaos.url])) as live:
+        async with aiohttp.ClientSession() as s:
+            assert (await stream_chat(s, live.url, key=KEYS["alpha"], body=chat(3))).ok
+            for _ in range(2):
+                assert (await stream_chat(s, live.url, key=KEYS["beta"], body=chat(5))).ok
+        await live.gw.ledger.idle()
+        async with httpx.AsyncClient(base_url=live.url, headers={"authorization": f"Bearer {KEYS['alpha']}"}) as c:
+            for params in ({}, {"tenant": "beta"}, {"tenant_id": "beta", "since": 0, "limit": 100}):
+                usage = (await c.get("/v1/usage", params=params)).json()
+                assert usage["tenant"] == "alpha"
+                assert usage["requests"] == 1 and usage["completion_tokens"] == 3
+                assert {d["tenant"] for d in usage["data"]} == {"alpha"}
+            assert (await c.get("/admin/v1/usage/beta")).status_code == 401
+            assert (await c.get("/v1/usage/beta")).status_code in (404, 405)
+
+
+async def test_no_request_field_or_header_redirects_the_upstream(chaos: ChaosProxy, sims: StartSims) -> None:
+    (canary,) = await sims(1)  # a worker no fleet file names: any request reaching it is an SSRF
+    hits_before = _requests_served(canary.url)
+    evil = canary.url + "/v1/chat/completions"
+    bodies = [
+        chat(2, url=evil), chat(2, base_url=canary.url), chat(2, api_base=canary.url), chat(2, endpoint=evil),
+        chat(2, worker_url=evil), chat(2, worker="w-evil"), chat(2, extra_body={"base_url": canary.url}),
+        {**chat(2), "model": evil}, {**chat(2), "model": f"{MODEL}@{canary.url.removeprefix('http://')}"},
+    ]  # fmt: skip
+    headers = {"host": canary.url.removeprefix("http://"), "x-forwarded-host": canary.url.removeprefix("http://"),
+               "x-gearshift-worker": canary.url, "x-upstream": canary.url, "forwarded": f"host={canary.url}"}  # fmt: skip
+    async with live_gateway(fleet_of([chaos.url])) as live, aiohttp.ClientSession() as s:
+        for body in bodies:
+            r = await stream_chat(s, live.url, key=KEYS["alpha"], body=body, headers=headers)
+            assert r.ok or r.status in (400, 404), r
+    assert _requests_served(canary.url) == hits_before, "a request reached a worker that is not in the fleet"
+    assert len(chaos.bodies) >= len(bodies) - 2
+
+
+def _requests_served(url: str) -> float:
+    text = httpx.get(url + "/metrics").text
+    lines = [ln for ln in text.splitlines() if ln.startswith("vllm:prompt_tokens_total")]
+    return sum(float(ln.rsplit(" ", 1)[1]) for ln in lines)
+
+
+INTERNAL_REQUEST_HEADERS = {
+    "connection": "keep-alive, x-hop-secret",
+    "x-hop-secret": "hop",
+    "proxy-authorization": "Basic c2VjcmV0",
+    "x-forwarded-for": "10.0.0.1",
+    "x-gearshift-tenant": "beta",
+    "x-gearshift-internal": "1",
+    "cookie": "session=abc",
+}
+
+
+async def test_hop_by_hop_and_internal_headers_are_not_forwarded_either_way(chaos: ChaosProxy) -> None:
+    chaos.extra_response_headers = {
+        "x-internal-worker": "sim-secret", "set-cookie": "worker=1", "x-vllm-engine": "0", "server": "worker/1.0",
+    }  # fmt: skip
+    async with live_gateway(fleet_of([chaos.url])) as live, aiohttp.ClientSession() as s:
+        streamed = await stream_chat(s, live.url, key=KEYS["alpha"], body=chat(2), headers=INTERNAL_REQUEST_HEADERS)
+        async with s.post(
+            live.url + "/v1/chat/completions", json=chat(2),
+            headers={**INTERNAL_REQUEST_HEADERS, "authorization": f"Bearer {KEYS['alpha']}"},
+        ) as resp:  # fmt: skip
+            assert resp.status == 200
+            whole = {k.lower(): v for k, v in resp.headers.items()}
+    assert streamed.ok
+    assert len(chaos.seen_headers) == 2
+    for seen in chaos.seen_headers:
+        leaked = {h for h in [*INTERNAL_REQUEST_HEADERS, "authorization"] if h in seen}
+        assert not leaked, f"forwarded to the worker: {leaked}"
+    for got in (streamed.headers, whole):
+        assert not {"x-internal-worker", "set-cookie", "x-vllm-engine"} & set(got), got
+        assert got.get("server") != "worker/1.0"
+
+
+async def test_control_api_writes_need_the_control_token(sims: StartSims) -> None:
+    (w,) = await sims(1)
+    update = {"k": 2, "version": 5, "lease_seconds": 30, "reason": "rel"}
+    async with httpx.AsyncClient(base_url=w.url) as c:
+        before = (await c.get("/gearshift/v1/speculation")).json()
+        for auth in (None, "Bearer", "Bearer wrong-token", "Basic Z2VhcnNoaWZ0LWRldi1jb250cm9s", "Token gearshift-dev-control"):
+            headers = {"authorization": auth} if auth is not None else {}
+            r = await c.put("/gearshift/v1/speculation", json=update, headers=headers)
+            assert r.status_code == 401, auth
+        assert (await c.get("/gearshift/v1/speculation")).json()["version"] == before["version"]
+        ok = await c.put("/gearshift/v1/speculation", json=update, headers={"authorization": "Bearer gearshift-dev-control"})
+        assert ok.status_code == 200
+        assert ok.json()["version"] == 5
+        assert ok.json()["lease_expires_at"] > time.time()

