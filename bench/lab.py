@@ -10,11 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from bench.capacity import MixPoint, capacity_requests_per_s
-from bench.policies import LabContext, LabPolicy, fleet_for
+from bench.policies import LabContext, LabPolicy
 from bench.routing import GatewayRouter
 from bench.scenario import Lengths as SpecLengths
 from bench.scenario import Phase as ScenarioPhase
 from bench.scenario import Scenario, TrafficClass
+from controller.lab import lab_fleet
 from fleet.clock import ManualClock
 from fleet.perf import Profile, load_profile
 from workers.sim.arrivals import Lengths, Phase, PhasedLoad, RequestKind, WorkloadMix
@@ -152,7 +153,7 @@ def run_policy(scenario: Scenario, policy: LabPolicy, *, profile: Profile | None
             raw.ticks.append(TickSample(tick.now_s, i, max(r[2] for r in schedule), stats.running, stats.waiting))
 
     router = GatewayRouter(
-        fleet=fleet_for(workers, lab_context(scenario)),
+        fleet=lab_fleet(workers, profile),
         tiers=scenario.tiers,
         clock=clock,
         states=policy.published_states,

@@ -20,15 +20,15 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Protocol
 
-from controller.actuator import ControlActuator
+from controller.lab import lab_controller
 from controller.loop import Controller
 from controller.settings import ControllerSettings
-from controller.sources import RenderSource
-from fleet.config import FleetConfig, ModelConfig, TenantConfig, TenantsConfig, TierConfig, WorkerConfig
-from fleet.speculation import Schedule, SpeculationControl, SpeculationUpdate, uniform_schedule, validate_schedule
+from fleet.clock import ManualClock
+from fleet.config import TenantConfig, TenantsConfig, TierConfig
+from fleet.perf import load_profile
+from fleet.speculation import Schedule, SpeculationUpdate, uniform_schedule, validate_schedule
 from fleet.store import WorkerState
-from fleet.store_memory import MemoryStore
-from workers.sim.virtual import DEFAULT_MODEL_NAME, TickContext, VirtualWorker
+from workers.sim.virtual import TickContext, VirtualWorker
 
 ORACLE_LEASE_S = 3600.0
 
@@ -146,24 +146,6 @@ class PhaseOracle:
         return None
 
 
-def fleet_for(workers: Sequence[VirtualWorker], ctx: LabContext) -> FleetConfig:
-    """The fleet file the controller would be given for these simulated workers."""
-    return FleetConfig(
-        models=(ModelConfig(name=DEFAULT_MODEL_NAME, profile=ctx.profile_name),),
-        workers=tuple(
-            WorkerConfig(
-                id=w.worker_id,
-                url=f"http://virtual.invalid/{w.worker_id}",
-                model=w.model_name,
-                gpus=ctx.gpus_per_worker,
-                usd_per_gpu_hour=ctx.usd_per_gpu_hour,
-                max_num_seqs=w.control.max_num_seqs,
-            )
-            for w in workers
-        ),
-    )
-
-
 def tenants_for(tiers: Mapping[str, TierConfig]) -> TenantsConfig:
     """One tenant per tier of the scenario, allowed every model."""
     return TenantsConfig(tiers=dict(tiers), tenants=tuple(TenantConfig(id=name, tier=name) for name in tiers))
@@ -184,20 +166,15 @@ class ControllerPolicy:
 
     def bind(self, workers: Sequence[VirtualWorker], ctx: LabContext) -> None:
         clock = workers[0].control.clock
-        controls: dict[str, SpeculationControl] = {w.worker_id: w.control for w in workers}
+        if not isinstance(clock, ManualClock):
+            raise TypeError("ControllerPolicy: the virtual lab's workers must run on a ManualClock")
         settings = ControllerSettings(
             tick_s=ctx.tick_s,
             metrics_port=0,
             **dict(self.settings_overrides),  # type: ignore[arg-type]
         )
-        self.controller = Controller(
-            fleet=fleet_for(workers, ctx),
-            tenants=tenants_for(ctx.tiers),
-            settings=settings,
-            source=RenderSource({w.worker_id: w.metrics_text for w in workers}, clock=clock),
-            actuator=ControlActuator(controls),
-            store=MemoryStore(clock=clock),
-            clock=clock,
+        self.controller = lab_controller(
+            workers, load_profile(ctx.profile_name), clock, settings=settings, tenants=tenants_for(ctx.tiers)
         )
         self._loop = asyncio.new_event_loop()
 

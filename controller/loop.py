@@ -8,7 +8,9 @@ counted and retried after an exponential back-off, and a failing worker is only 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
+import operator
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -68,6 +70,7 @@ class WorkerRuntime:
     """The worker's cost since the last tenant attribution, USD (all time, whether or not a window was usable)."""
     elapsed_s: float = 0.0
     """Seconds between the last two successful scrapes."""
+    stale_since_s: float | None = None
     switches: list[tuple[float, int]] = field(default_factory=list)
     """``(controller time, k)`` for every applied change (for reports and flap checks)."""
 
@@ -127,7 +130,11 @@ class Controller:
                 *(self._tick_worker(rt) for rt in self.workers.values()), return_exceptions=True
             )
             if self.clock.wall() - self._attributed_until >= self.settings.tenant_interval_s:
-                await self.attribute_tenants()
+                try:
+                    await self.attribute_tenants()
+                except Exception as exc:  # the ledger is best effort: retried next interval
+                    self.metrics.tick_failures.inc()
+                    log.warning("tenant cost attribution failed: %r", exc)
         for rt, res in zip(self.workers.values(), results, strict=True):
             if isinstance(res, BaseException):
                 if not isinstance(res, Exception):
@@ -160,7 +167,7 @@ class Controller:
         rt.estimate, rt.decision, rt.action = est, decision, action
         if action.changed:
             log.info("worker %s: %s → k=%d: %s", rt.config.id, action.kind, action.k, action.reason)
-        self.metrics.decisions.labels(rt.config.id, action.kind.value).inc()
+        self.metrics.decisions.labels(rt.config.id, action.kind.value, decision.risk.value).inc()
         if not self.settings.dry_run:  # also when stale: holding renews the lease, the stale default applies
             await self._actuate(rt, now)
         self._account(rt)
@@ -173,9 +180,14 @@ class Controller:
         except SourceError as exc:
             self.metrics.scrape_failures.labels(wid).inc()
             self.metrics.stale.labels(wid).set(1)
-            log.warning("%s", exc)
+            was_fresh = rt.stale_since_s is None
+            log.log(logging.WARNING if was_fresh else logging.DEBUG, "%s (worker marked stale)", exc)
+            rt.stale_since_s = rt.stale_since_s if rt.stale_since_s is not None else now
             rt.window = None
             return None
+        if rt.stale_since_s is not None:
+            log.info("worker %s: metrics readable again after %.0f s", wid, now - rt.stale_since_s)
+            rt.stale_since_s = None
         self.metrics.stale.labels(wid).set(0)
         rt.window = None
         rt.elapsed_s = scrape.at_s - rt.prev.at_s if rt.prev is not None else 0.0
@@ -268,6 +280,8 @@ class Controller:
         m.savings.labels(wid).set(rt.savings_usd)
 
     def worker_state(self, rt: WorkerRuntime) -> WorkerState:
+        """What the gateway reads. ``acceptance_per_pos`` holds a_i = P(draft i accepted), unconditional as in
+        DESIGN §3.2, so the expected tokens per request-step at k' is 1 + Σ_{i<k'} a_i."""
         est, decision = rt.estimate, rt.decision
         chosen = decision.candidate(rt.stab.k) if decision is not None and rt.stab is not None else None
         scrape = rt.prev
@@ -277,7 +291,7 @@ class Controller:
             k_desired=rt.k_desired if rt.k_desired is not None else -1,
             k_applied=rt.k_applied if rt.k_applied is not None else -1,
             accepted_length=est.accepted_length or 1.0 if est else 1.0,
-            acceptance_per_pos=list(est.conditional) if est else [],
+            acceptance_per_pos=list(itertools.accumulate(est.conditional, operator.mul)) if est else [],
             tpot_predicted_s=chosen.tpot_s if chosen else None,
             running=scrape.running if scrape else 0.0,
             waiting=scrape.waiting if scrape else 0.0,

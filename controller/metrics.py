@@ -48,7 +48,10 @@ class ControllerMetrics:
         self.k_desired = Gauge(K_DESIRED, "Speculation length k the controller wants per worker.", _W, registry=r)
         self.k_applied = Gauge(K_APPLIED, "Speculation length k the worker reports applied.", _W, registry=r)
         self.decisions = Counter(
-            DECISIONS, "Stabiliser actions by kind (hold, up, down, fast-down, probe, …).", [*_W, "kind"], registry=r
+            DECISIONS,
+            "Stabiliser actions by kind (hold, up, down, fast-down, probe, …) and the risk the policy saw.",
+            [*_W, "kind", "risk"],
+            registry=r,
         )
         self.accepted_length = Gauge(
             ACCEPTED_LENGTH, "Observed tokens per request-step at the applied k.", _W, registry=r

@@ -133,8 +133,13 @@ def experts_touched(profile: Profile, tokens: int) -> float:
 
 
 def step_time(profile: Profile, shape: StepShape) -> StepTime:
-    """Roofline step time: max(bytes / bandwidth, FLOPs / peak) + communication + fixed overhead, plus the
-    drafter's block-parallel pass when k > 0."""
+    """Roofline step time, seconds: max(bytes / bandwidth, FLOPs / peak) + communication + fixed overhead,
+    plus the drafter's block-parallel pass when k > 0.
+
+    The step processes n = decode_seqs · (k + 1) + prefill_tokens tokens. Bytes are the dense weights, the
+    distinct routed experts those n tokens touch (``experts_touched``) and the decoding sequences' KV reads
+    (``context_tokens · kv_bytes_per_token · kv_read_replicas``; attention is memory-bound for MLA decode, so
+    its FLOPs are left out); FLOPs are 2 · active_params · n; communication is ``comm_s_per_token · n``."""
     t, hw = profile.target, profile.hardware
     tokens = shape.decode_seqs * (shape.k + 1) + shape.prefill_tokens
     if tokens == 0:

@@ -64,7 +64,15 @@ def create_app(
             app.state.gateway = gw
             yield
 
-    app = FastAPI(title="gearshift gateway", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(
+        title="gearshift gateway",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+        # The gateway makes its own spans and metrics; FastAPI's generic ones would cost time on every request.
+        telemetry={"tracing": False, "metrics": False, "logs": False, "operation_spans": False},
+    )
     app.include_router(openai_router)
     app.include_router(admin_router)
     app.include_router(ops_router)

@@ -6,7 +6,7 @@ Label sets are bounded: ``tenant`` and ``model`` come from the config files, ``w
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Any, Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -64,3 +64,39 @@ class GatewayMetrics:
         self.cost = Counter(COST, "Cost attributed to tenants, USD", ["tenant", "model"], registry=r)
         self.loop_errors = Counter(LOOP_ERRORS, "Failed background ticks", ["loop"], registry=r)
         self.ledger_backlog = Gauge(LEDGER_BACKLOG, "Usage records waiting to be written to the ledger", registry=r)
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+
+    def child(self, metric: Any, *values: str) -> Any:
+        """``metric.labels(*values)``, cached: ``labels`` validates and locks on every call, and the hot path
+        makes several per request. The cache is bounded because every label set is."""
+        key = (id(metric), values)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*values)
+        return found
+
+    def finished(
+        self,
+        *,
+        tenant: str,
+        model: str,
+        worker: str,
+        status: str,
+        tier: str,
+        prompt_tokens: int,
+        completion_tokens: int,
+        cost_usd: float,
+        duration_s: float,
+        ttft_s: float | None,
+        tpot_s: float | None,
+    ) -> None:
+        """Record one finished request (seconds, tokens, USD)."""
+        self.child(self.requests, tenant, model, worker, status).inc()
+        self.child(self.tokens, tenant, model, "prompt").inc(prompt_tokens)
+        self.child(self.tokens, tenant, model, "completion").inc(completion_tokens)
+        self.child(self.cost, tenant, model).inc(cost_usd)
+        self.child(self.e2e, tier).observe(duration_s)
+        if ttft_s is not None:
+            self.child(self.ttft, tier).observe(ttft_s)
+        if tpot_s is not None:
+            self.child(self.tpot, tier).observe(tpot_s)

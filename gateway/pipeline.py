@@ -291,16 +291,19 @@ class Call:
         return settle
 
     def _observe(self, record: UsageRecord, duration_s: float, error: GatewayError | None) -> None:
-        m, tier, tenant, model = self.gw.metrics, self.principal.tier_name, record.tenant, record.model
-        m.requests.labels(tenant=tenant, model=model, worker=record.worker_id or "", status=record.status).inc()
-        m.tokens.labels(tenant=tenant, model=model, kind="prompt").inc(record.prompt_tokens)
-        m.tokens.labels(tenant=tenant, model=model, kind="completion").inc(record.completion_tokens)
-        m.cost.labels(tenant=tenant, model=model).inc(record.cost_usd)
-        m.e2e.labels(tier=tier).observe(duration_s)
-        if record.ttft_s is not None:
-            m.ttft.labels(tier=tier).observe(record.ttft_s)
-        if record.tpot_s is not None:
-            m.tpot.labels(tier=tier).observe(record.tpot_s)
+        self.gw.metrics.finished(
+            tenant=record.tenant,
+            model=record.model,
+            worker=record.worker_id or "",
+            status=record.status,
+            tier=self.principal.tier_name,
+            prompt_tokens=record.prompt_tokens,
+            completion_tokens=record.completion_tokens,
+            cost_usd=record.cost_usd,
+            duration_s=duration_s,
+            ttft_s=record.ttft_s,
+            tpot_s=record.tpot_s,
+        )
         if error is not None:
             self.span.set_attribute(attr.ERROR_TYPE, type(error).__name__)
             self.span.set_status(Status(StatusCode.ERROR, error.message))

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Query
 from starlette.responses import Response
 
-from gateway.deps import BodyDep, GatewayDep, PrincipalDep, RequestIdDep
+from gateway.deps import CompletionDep, GatewayDep, PrincipalDep
 from gateway.pipeline import CHAT, TEXT, complete
 from gateway.usage import usage_report
 
@@ -15,23 +15,19 @@ router = APIRouter()
 
 
 @router.post("/v1/chat/completions")
-async def chat_completions(
-    request: Request, principal: PrincipalDep, raw: BodyDep, gw: GatewayDep, request_id: RequestIdDep
-) -> Response:
-    started = gw.clock.monotonic()
+async def chat_completions(call: CompletionDep) -> Response:
     return await complete(
-        gw, principal, raw, endpoint=CHAT, request_id=request_id, started=started, receive=request.receive
-    )
+        call.gw, call.principal, call.raw, endpoint=CHAT, request_id=call.request_id, started=call.started,
+        receive=call.receive,
+    )  # fmt: skip
 
 
 @router.post("/v1/completions")
-async def completions(
-    request: Request, principal: PrincipalDep, raw: BodyDep, gw: GatewayDep, request_id: RequestIdDep
-) -> Response:
-    started = gw.clock.monotonic()
+async def completions(call: CompletionDep) -> Response:
     return await complete(
-        gw, principal, raw, endpoint=TEXT, request_id=request_id, started=started, receive=request.receive
-    )
+        call.gw, call.principal, call.raw, endpoint=TEXT, request_id=call.request_id, started=call.started,
+        receive=call.receive,
+    )  # fmt: skip
 
 
 @router.get("/v1/models")

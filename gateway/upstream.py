@@ -83,7 +83,7 @@ class Upstream:
             except BaseException:
                 view.in_flight -= 1
                 raise
-            self._metrics.in_flight.labels(worker=view.id).inc()
+            self._metrics.child(self._metrics.in_flight, view.id).inc()
             return Opened(worker=view, response=response, first_chunk=first, attempts=attempt)
         if last is None:
             raise NoWorkerAvailable("No worker is available.")
@@ -93,7 +93,7 @@ class Upstream:
         """Account the end of a committed request (always call once)."""
         opened.release()
         opened.worker.in_flight -= 1
-        self._metrics.in_flight.labels(worker=opened.worker.id).dec()
+        self._metrics.child(self._metrics.in_flight, opened.worker.id).dec()
 
     async def _attempt(
         self, view: WorkerView, path: str, body: bytes, *, stream: bool

@@ -4,6 +4,7 @@ virtual-time load-ramp comparison."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 from typing import Annotated
 
@@ -48,7 +49,9 @@ def run(
     if ctx.invoked_subcommand is not None:
         return
     overrides: dict[str, object] = {"dry_run": True} if dry_run else {}
-    component = ControllerComponent(_settings(**overrides))
+    settings = _settings(**overrides)
+    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    component = ControllerComponent(settings)
     run_until_signalled([component], lambda started: typer.echo("controller: " + "\n  ".join(component.describe())))
 
 

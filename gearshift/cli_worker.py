@@ -68,6 +68,7 @@ def vllm_command(
 def measure_command(
     requests: Annotated[int, typer.Option("--requests", min=1, max=64, help="Concurrent requests per k.")] = 4,
     max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, max=900, help="Tokens per request.")] = 256,
+    rounds: Annotated[int, typer.Option("--rounds", min=1, max=20, help="Passes over k = k_max … 0.")] = 3,
     work_dir: Annotated[Path | None, typer.Option("--work-dir", help="Model and log directory.")] = None,
     worker_process: Annotated[
         bool, typer.Option("--worker-process", help="Run the model in its own process (vLLM's mp executor).")
@@ -87,7 +88,15 @@ def measure_command(
             typer.echo(f"ready after {server.ready_after_s:.1f} s; RSS of the worker's processes {rss / 2**30:.2f} GiB")
             ks = list(range(TINY_K_MAX, -1, -1))
             results = asyncio.run(
-                sweep(worker.url, model=worker.model, ks=ks, token=token, requests=requests, max_tokens=max_tokens)
+                sweep(
+                    worker.url,
+                    model=worker.model,
+                    ks=ks,
+                    token=token,
+                    requests=requests,
+                    max_tokens=max_tokens,
+                    rounds=rounds,
+                )
             )
             typer.echo(format_table(results))
     except ServerStartError as exc:

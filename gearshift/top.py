@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Annotated, Any, Protocol
 
 import httpx
@@ -215,13 +216,16 @@ def top(
     interval: Annotated[float, typer.Option("--interval", min=0.1, help="Seconds between samples.")] = 2.0,
     once: Annotated[bool, typer.Option("--once", help="Draw one frame (two samples) and exit.")] = False,
     width: Annotated[int | None, typer.Option("--width", min=60, help="Terminal width for --once output.")] = None,
+    svg: Annotated[Path | None, typer.Option("--svg", help="With --once: also save the frame as an SVG image.")] = None,
 ) -> None:
     """Live view of the fleet: per worker k, acceptance, load, cost and decisions; per tenant rate and TPOT."""
     try:
         settings = GatewaySettings()
         url = gateway or f"http://{_loopback(settings.host)}:{settings.port}"
-        console = Console(width=width) if width else Console()
+        console = Console(width=width, record=svg is not None)
         asyncio.run(run_top(settings, gateway_url=url, interval_s=interval, once=once, console=console))
+        if svg is not None and once:
+            console.save_svg(str(svg), title="gearshift top")
     except (ConfigError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc

@@ -3,7 +3,9 @@ stacks (``--format raw``: one ``frame;frame;… count`` line per distinct stack)
 
 Two views: the share of samples *inside* each component (a stack counts once for every component it passes
 through, so the shares overlap: "42 % of samples were somewhere inside aiohttp"), and the functions that were
-on top of the stack most often (self time).
+on top of the stack most often (self time). Frames up to the event loop's entry (``asyncio.Runner.run``) are
+left out, so the shares describe the work the loop's callbacks do; a sample whose top frame is the loop entry
+itself is time in uvloop's C code (sockets, httptools parsing). Threads parked in a lock or queue are idle.
 """
 
 from __future__ import annotations
@@ -19,19 +21,24 @@ from bench.gateway.procs import BenchProcessError
 
 # (component, regular expression on a frame's file path) — first match wins.
 COMPONENTS: tuple[tuple[str, str], ...] = (
-    ("bench pass-through", r"/bench/gateway/passthrough"),
-    ("gateway (gearshift)", r"(?<!/bench)/gateway/"),
-    ("fleet (gearshift)", r"/fleet/"),
-    ("aiohttp (upstream client)", r"/aiohttp/"),
-    ("redis client", r"/redis/"),
-    ("limits", r"/limits/"),
-    ("starlette / fastapi", r"/(starlette|fastapi)/"),
-    ("uvicorn (HTTP server)", r"/uvicorn/"),
-    ("prometheus_client", r"/prometheus_client/"),
-    ("opentelemetry", r"/opentelemetry/"),
-    ("pydantic", r"/pydantic"),
-    ("asyncio / event loop", r"(/asyncio/|uvloop)"),
+    ("bench pass-through / launcher", r"(^|/)bench/"),
+    ("gateway (gearshift)", r"(^|/)gateway/"),
+    ("fleet (gearshift)", r"(^|/)fleet/"),
+    ("aiohttp (upstream client)", r"(^|/)aiohttp/"),
+    ("redis client", r"(^|/)redis/"),
+    ("limits", r"(^|/)limits/"),
+    ("starlette / fastapi", r"(^|/)(starlette|fastapi)/"),
+    ("uvicorn (HTTP server)", r"(^|/)uvicorn/"),
+    ("prometheus_client", r"(^|/)prometheus_client/"),
+    ("opentelemetry", r"(^|/)opentelemetry/"),
+    ("pydantic", r"(^|/)pydantic"),
+    ("orjson / json", r"(^|/)(orjson|json)/"),
+    ("asyncio / event loop", r"((^|/)asyncio/|uvloop)"),
 )
+"""``(component, regular expression on a frame's file path)``; the first match wins. py-spy prints paths
+relative to ``site-packages`` or the working directory (``uvicorn/main.py``, ``gateway/pipeline.py``)."""
+_IDLE_TOP = re.compile(r"^\S*(wait|get|_wait_for_tstate_lock|select|poll)\S* \((threading|queue|selectors)\.py")
+"""A thread parked in a lock, queue or selector: a sleeping pool thread, not work."""
 _FRAME = re.compile(r"^(?P<func>.*?) \((?P<file>[^():]+?)(?::(?P<line>\d+))?\)$")
 
 
@@ -57,6 +64,16 @@ def component_of(path: str) -> str | None:
     return None
 
 
+LOOP_ITSELF = "event loop itself (uvloop's C code: socket I/O, HTTP parsing in httptools)"
+_LOOP_ENTRY = re.compile(r"\((asyncio/runners\.py|asyncio/base_events\.py|uvloop/__init__\.py)")
+
+
+def _above_event_loop(frames: list[str]) -> list[str]:
+    """The frames a callback of the event loop runs (everything above the loop's entry point)."""
+    last = max((i for i, f in enumerate(frames) if _LOOP_ENTRY.search(f)), default=-1)
+    return frames[last + 1 :]
+
+
 def _short(frame: str) -> str:
     m = _FRAME.match(frame)
     if not m:
@@ -78,15 +95,20 @@ def summarise(raw: str, *, target: str, expected_samples: int, top: int = 12) ->
         if not stack or not count_text.isdigit():
             continue
         count = int(count_text)
-        total += count
         frames = [f for f in stack.split(";") if f]
         py_frames = [f for f in frames if _FRAME.match(f)]
-        if not py_frames:
+        if not py_frames or _IDLE_TOP.match(py_frames[-1]):
             continue
-        seen = {c for f in py_frames if (m := _FRAME.match(f)) and (c := component_of(m.group("file")))}
+        total += count
+        work = _above_event_loop(py_frames)
+        if not work:
+            inclusive[LOOP_ITSELF] += count
+            top_self[LOOP_ITSELF] += count
+            continue
+        seen = {c for f in work if (m := _FRAME.match(f)) and (c := component_of(m.group("file")))}
         for component in seen:
             inclusive[component] += count
-        top_self[_short(py_frames[-1])] += count
+        top_self[_short(work[-1])] += count
     if total == 0:
         return ProfileSummary(target=target, samples=0, idle_share=0.0)
     return ProfileSummary(

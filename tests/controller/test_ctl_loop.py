@@ -153,6 +153,8 @@ async def test_published_worker_state_and_cost(lab_profile: Profile) -> None:
     assert state.k_desired == state.k_applied
     assert state.accepted_length > 2
     assert len(state.acceptance_per_pos) == 8
+    assert state.acceptance_per_pos == sorted(state.acceptance_per_pos, reverse=True)  # unconditional a_i
+    assert 1 + sum(state.acceptance_per_pos[: state.k_applied]) == pytest.approx(state.accepted_length, rel=0.1)
     assert state.tpot_predicted_s is not None
     assert state.usd_per_mtok is not None
     assert state.usd_per_mtok > 0

@@ -18,6 +18,8 @@ class Mode(StrEnum):
     OK = "ok"
     HTTP_500 = "http_500"
     GARBAGE = "garbage"
+    FROZEN = "frozen"
+    """``/metrics`` keeps answering the last body it passed through (stale counters); the rest passes."""
 
 
 class ChaosProxy:
@@ -29,6 +31,7 @@ class ChaosProxy:
         self.seen_headers: list[CIMultiDict[str]] = []
         self.bodies: list[bytes] = []
         self.url = ""
+        self.frozen_metrics = b""
         self.extra_response_headers: dict[str, str] = {}
         """Headers added to every passed-through response (to check the gateway does not forward them)."""
         self._session: aiohttp.ClientSession | None = None
@@ -58,6 +61,8 @@ class ChaosProxy:
             return web.json_response({"error": {"message": "injected", "type": "InternalServerError"}}, status=500)
         if self.mode is Mode.GARBAGE and request.path != "/health":
             return web.Response(body=GARBAGE, content_type="text/event-stream")
+        if self.mode is Mode.FROZEN and request.path == "/metrics" and self.frozen_metrics:
+            return web.Response(body=self.frozen_metrics, content_type="text/plain")
         assert self._session is not None
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP}
         async with self._session.request(
@@ -71,7 +76,11 @@ class ChaosProxy:
                 },
             )
             await response.prepare(request)
+            kept = []
             async for chunk in upstream.content.iter_any():
                 await response.write(chunk)
+                kept.append(chunk)
+            if request.path == "/metrics" and self.mode is Mode.OK:
+                self.frozen_metrics = b"".join(kept)
             await response.write_eof()
             return response

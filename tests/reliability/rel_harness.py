@@ -8,17 +8,18 @@ import contextlib
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import aiohttp
-import uvicorn
+import yaml
 
 from fleet.clock import SystemClock
 from fleet.config import FleetConfig, TenantsConfig, key_digest
 from fleet.store import Store
 from fleet.store_memory import MemoryStore
-from gateway.app import create_app
 from gateway.core import Gateway
+from gateway.serve import GatewayServer
 from gateway.settings import GatewaySettings
 
 PEPPER = "rel-pepper-3f9c"
@@ -80,6 +81,25 @@ def tenants_of(**overrides: dict[str, Any]) -> TenantsConfig:
     )
 
 
+def write_env(
+    directory: Path, fleet: FleetConfig, tenants: TenantsConfig | None = None, **settings: Any
+) -> dict[str, str]:
+    """Write the fleet and tenants YAML files into ``directory``; the ``GEARSHIFT_*`` environment of a process
+    that uses them with the test pepper and admin key (``settings`` add ``GEARSHIFT_<NAME>`` variables)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    fleet_file, tenants_file = directory / "fleet.yaml", directory / "tenants.yaml"
+    fleet_file.write_text(yaml.safe_dump(fleet.model_dump(mode="json")))
+    tenants_file.write_text(yaml.safe_dump((tenants or tenants_of()).model_dump(mode="json")))
+    env = {
+        "GEARSHIFT_FLEET_FILE": str(fleet_file),
+        "GEARSHIFT_TENANTS_FILE": str(tenants_file),
+        "GEARSHIFT_KEY_PEPPER": PEPPER,
+        "GEARSHIFT_ADMIN_KEY": ADMIN_KEY,
+        "GEARSHIFT_HOST": "127.0.0.1",
+    }
+    return {**env, **{f"GEARSHIFT_{k.upper()}": str(v) for k, v in settings.items()}}
+
+
 def chat(max_tokens: int = 4, **extra: Any) -> dict[str, Any]:
     return {"model": MODEL, "messages": [{"role": "user", "content": "hello"}], "max_tokens": max_tokens, **extra}
 
@@ -89,7 +109,12 @@ class LiveGateway:
     url: str
     gw: Gateway
     store: Store
-    server: uvicorn.Server
+    server: GatewayServer
+
+    @property
+    def port(self) -> int:
+        assert self.server.port is not None
+        return self.server.port
 
     def session(self, tenant: str | None = "alpha") -> aiohttp.ClientSession:
         headers = {"authorization": f"Bearer {KEYS[tenant]}"} if tenant else {}
@@ -98,41 +123,25 @@ class LiveGateway:
 
 @contextlib.asynccontextmanager
 async def live_gateway(
-    fleet: FleetConfig,
-    tenants: TenantsConfig | None = None,
-    *,
-    store: Store | None = None,
-    uvicorn_options: dict[str, Any] | None = None,
-    **settings: Any,
+    fleet: FleetConfig, tenants: TenantsConfig | None = None, *, store: Store | None = None, **settings: Any
 ) -> AsyncIterator[LiveGateway]:
-    """The gateway app from ``create_app`` on uvicorn (httptools) on a free loopback port, in this loop."""
+    """The gateway's own server runner (``gateway.serve.GatewayServer``: uvicorn, httptools) on a free loopback
+    port, in this event loop, with ``FAST`` settings overridden by ``settings``."""
     clock = SystemClock()
     store = store or MemoryStore(clock=clock)
-    app = create_app(
-        GatewaySettings(**{**FAST, **settings}),
+    server = GatewayServer(
+        GatewaySettings(**{**FAST, "log_level": "WARNING", **settings}),
         store=store,
         clock=clock,
         fleet=fleet,
         tenants=tenants or tenants_of(),
         rng=random.Random(11),
     )
-    config = uvicorn.Config(
-        app, host="127.0.0.1", port=0, log_level="warning", http="httptools", lifespan="on",
-        **(uvicorn_options or {}),
-    )  # fmt: skip
-    server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve())
-    async with asyncio.timeout(10):
-        while not server.started:
-            if task.done():
-                task.result()
-            await asyncio.sleep(0.01)
-    port = server.servers[0].sockets[0].getsockname()[1]
+    await server.start()
     try:
-        yield LiveGateway(url=f"http://127.0.0.1:{port}", gw=app.state.gateway, store=store, server=server)
+        yield LiveGateway(url=server.url, gw=server.gateway, store=store, server=server)
     finally:
-        server.should_exit = True
-        await asyncio.wait_for(task, timeout=15)
+        await asyncio.wait_for(server.stop(), timeout=15)
 
 
 async def eventually(check: Callable[[], Awaitable[bool] | bool], *, timeout_s: float = 5.0) -> None:

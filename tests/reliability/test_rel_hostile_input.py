@@ -145,7 +145,7 @@ async def _slow_client(port: int, stop: asyncio.Event) -> bool:
 async def test_slowloris_neither_starves_others_nor_holds_connections_forever(sims: StartSims) -> None:
     (w,) = await sims(1)
     async with live_gateway(fleet_of([w.url])) as live:
-        port = live.server.servers[0].sockets[0].getsockname()[1]
+        port = live.port
         stop = asyncio.Event()
         slow = [asyncio.create_task(_slow_client(port, stop)) for _ in range(100)]
         await asyncio.sleep(0.5)

@@ -66,7 +66,7 @@ def metric_value(http: httpx.Client, base_url: str, sample_name: str, **labels: 
     raise KeyError(sample_name)
 
 
-def wait_until(predicate: Callable[[], bool], *, timeout_s: float = 5.0, interval_s: float = 0.02) -> None:
+def wait_until(predicate: Callable[[], bool], *, timeout_s: float = 10.0, interval_s: float = 0.02) -> None:
     """Poll ``predicate`` until it holds; fail after ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

@@ -119,3 +119,33 @@ def test_loses_from_is_the_start_of_the_final_losing_run() -> None:
     assert row((2.0, 0.9, 1.1, 0.8)).loses_from == 8
     assert row((2.0, 0.9, 0.95, 0.8)).loses_from == 2
     assert row((2.0, 1.5, 1.1, 1.2)).loses_from is None
+
+
+def _note_above(lines: list[str], index: int) -> str:
+    """The comment block that documents ``lines[index]``: the nearest one above it within its section
+    (parameters may share a note: ``num_experts`` and ``experts_per_token``; a class's ``base`` and gain)."""
+    top_level = not lines[index].startswith(" ")
+    j = index - 1
+    while j >= 0 and not lines[j].lstrip().startswith("#"):
+        if top_level or not lines[j].startswith(" "):
+            return ""  # reached the section header (or a top-level key) without a note
+        j -= 1
+    block: list[str] = []
+    while j >= 0 and lines[j].lstrip().startswith("#"):
+        block.append(lines[j])
+        j -= 1
+    return " ".join(block)
+
+
+def test_every_profile_parameter_says_whether_it_is_physical_or_fitted() -> None:
+    profile_file = Path(__file__).resolve().parents[2] / "fleet" / "profiles" / "kimi-k3-dspark-tp16.yaml"
+    lines = profile_file.read_text().splitlines()
+    undocumented = []
+    for i, line in enumerate(lines):
+        key, sep, value = line.strip().partition(":")
+        if line.lstrip().startswith("#") or not sep or not value.strip() or key in ("name", "description"):
+            continue
+        note = _note_above(lines, i)
+        if not any(marker in note for marker in ("PHYSICAL", "FITTED", "ASSUMED")):
+            undocumented.append(key)
+    assert not undocumented, f"profile parameters without a PHYSICAL/FITTED/ASSUMED note: {undocumented}"

@@ -9,7 +9,8 @@ import pytest
 
 from fleet.clock import ManualClock
 from workers.sim.driver import Delivery, RealTimeDriver
-from workers.sim.generation import ChoiceDelta, Generation, GenerationSpec, PromptSpec
+from workers.sim.engine import EngineCore, StepOutcome
+from workers.sim.generation import ChoiceDelta, EngineFailed, Generation, GenerationSpec, PromptSpec
 from workers.sim.text import TextStream, count_chat_tokens, count_text_tokens, pseudo_eos_length, text_seed
 
 from .engine_helpers import make_engine, req
@@ -108,3 +109,33 @@ def test_token_counting_and_pseudo_eos_are_documented_approximations() -> None:
     assert min(lengths) >= 1
     assert 45 < sum(lengths) / len(lengths) < 55
     assert TextStream(7).take(30) == TextStream(7).take(30)
+
+
+class FailsOnce(EngineCore):
+    """An engine whose next step raises once (a simulator bug), then works again."""
+
+    fail_next = True
+
+    def step(self) -> StepOutcome:
+        if self.fail_next:
+            self.fail_next = False
+            raise RuntimeError("injected engine failure")
+        return super().step()
+
+
+async def test_an_engine_failure_fails_its_requests_and_the_loop_survives(caplog: pytest.LogCaptureFixture) -> None:
+    clock = ManualClock()
+    base = make_engine(clock=clock)
+    engine = FailsOnce(base.profile, base.control, seed=1)
+    driver = RealTimeDriver(engine, clock=clock)
+    await driver.start()
+    try:
+        with pytest.raises(EngineFailed):
+            await run(driver, spec())
+        assert "injected engine failure" in caplog.text
+        assert driver.step_errors == 1
+        assert not engine.has_work()
+        deltas = await run(driver, spec(max_tokens=5))
+        assert deltas[-1].finish_reason == "length"
+    finally:
+        await driver.stop()

@@ -83,11 +83,12 @@ def test_an_expired_lease_reverts_to_the_fallback(
     http: httpx.Client, start_sim: Callable[..., ThreadedSimServer]
 ) -> None:
     url = start_sim(start_k=4).url
-    http.put(url + SPEC, json={"k": 1, "version": 1, "lease_seconds": 0.3}, headers=AUTH).raise_for_status()
-    assert http.get(url + SPEC).json()["schedule"] == [[1, 256, 1]]
+    applied = http.put(url + SPEC, json={"k": 1, "version": 1, "lease_seconds": 0.5}, headers=AUTH).json()
+    assert applied["schedule"] == [[1, 256, 1]]
+    assert applied["lease_expires_at"] == pytest.approx(applied["applied_at"] + 0.5)
     wait_until(lambda: http.get(url + SPEC).json()["schedule"] == [[1, 256, 4]])
     state = http.get(url + SPEC).json()
-    assert state["lease_expires_at"] is None
+    assert (state["version"], state["lease_expires_at"]) == (1, None)
     assert "lease expired" in state["reason"]
     assert metric_value(http, url, "gearshift_worker_spec_lease_expired_total") == 1
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -21,7 +22,7 @@ from workers.sim.arrivals import (
     closed_loop,
     poisson,
 )
-from workers.sim.records import RunRecords
+from workers.sim.records import RequestRecord, RunRecords
 from workers.sim.virtual import TickContext, VirtualLab, VirtualWorker, make_worker
 
 PROFILE = load_profile("kimi-k3-dspark-tp16")
@@ -233,3 +234,15 @@ def test_speed_benchmark_runs_the_reference_load_and_scrapes_every_worker() -> N
     assert result.output_tokens > result.finished_requests
     assert result.ratio > 0
     assert result.cpu_ratio > 0
+
+
+def test_closed_loop_think_time_separates_a_streams_requests() -> None:
+    records = lab_of(1, closed_loop(2, SHORT, think_s=0.5)).run(10.0)
+    by_stream: dict[int | None, list[RequestRecord]] = {}
+    for r in records.requests:
+        by_stream.setdefault(r.stream, []).append(r)
+    assert set(by_stream) == {0, 1}
+    for reqs in by_stream.values():
+        assert len(reqs) > 3
+        for done, following in itertools.pairwise(reqs):
+            assert following.arrival_s == pytest.approx(done.finish_s + 0.5)

@@ -46,20 +46,21 @@ def tiny_model_dir(vllm_env: None, tmp_path_factory: pytest.TempPathFactory) -> 
     return build_tiny_model(tmp_path_factory.mktemp("tiny-llama"))
 
 
-@pytest.fixture(scope="session")
-def tiny_worker_config(tiny_model_dir: Path) -> WorkerConfig:
-    return tiny_worker(port=free_port(), model_dir=tiny_model_dir)
-
-
-@pytest.fixture(scope="session")
-def vllm_server(tiny_worker_config: WorkerConfig, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    """A real vLLM CPU server (ngram, k_max 4, table [[1, 8, 4]], the gearshift plugin) on loopback."""
-    log_path = tmp_path_factory.mktemp("vllm") / "vllm.log"
+def start_server(
+    worker: WorkerConfig, log_dir: Path, *, speculative_extra: dict[str, object] | None = None
+) -> Iterator[RunningServer]:
+    """Run the tiny CPU worker (ngram, k_max 4, table [[1, 8, 4]] unless overridden, the gearshift plugin)."""
+    plan = tiny_plan(worker, speculative_extra=speculative_extra)
     env = {"GEARSHIFT_CONTROL_TOKEN": CONTROL_TOKEN, "GEARSHIFT_SPEC_POLL_SECONDS": "0.25"}
     try:
-        with running_server(
-            tiny_plan(tiny_worker_config), url=tiny_worker_config.url, log_path=log_path, extra_env=env
-        ) as server:
+        with running_server(plan, url=worker.url, log_path=log_dir / "vllm.log", extra_env=env) as server:
             yield server
     except ServerStartError as exc:
         pytest.fail(str(exc), pytrace=False)
+
+
+@pytest.fixture(scope="module")
+def vllm_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """A real vLLM CPU server with run-time control, for one test module."""
+    worker = tiny_worker(port=free_port(), model_dir=tiny_model_dir)
+    yield from start_server(worker, tmp_path_factory.mktemp("vllm"))

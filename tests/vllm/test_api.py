@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from fleet.clock import ManualClock
 from workers.vllm.api import PATH, STATE_ATTR, SpeculationFront, create_router, poll_forever
-from workers.vllm.control import EngineSpeculation, EngineView, Reply
+from workers.vllm.control import EngineSideMissing, EngineSpeculation, EngineView, Reply
 from workers.vllm.metrics import WorkerSpecMetrics
 
 TOKEN = "test-token"
@@ -127,6 +127,7 @@ async def test_older_version_is_409(client: httpx.AsyncClient) -> None:
     assert response.json()["error"] == {
         "message": "version: 4 is older than the applied version 5",
         "type": "stale_version",
+        "param": None,
         "code": 409,
     }
 
@@ -134,10 +135,17 @@ async def test_older_version_is_409(client: httpx.AsyncClient) -> None:
 async def test_an_engine_without_the_plugin_method_is_503_with_the_fix(
     client: httpx.AsyncClient, engine: InProcessEngine
 ) -> None:
-    engine.fail = RuntimeError("Call to gearshift_speculation method failed: 'EngineCoreProc' object has no attribute")
+    engine.fail = EngineSideMissing("'EngineCoreProc' object has no attribute 'gearshift_speculation'")
     response = await client.get(PATH)
     assert response.status_code == 503
     assert "VLLM_PLUGINS=gearshift" in response.json()["error"]["message"]
+
+
+async def test_any_other_engine_failure_is_503_naming_it(client: httpx.AsyncClient, engine: InProcessEngine) -> None:
+    engine.fail = ConnectionError("engine core died")
+    response = await client.get(PATH)
+    assert response.status_code == 503
+    assert "engine core died" in response.json()["error"]["message"]
 
 
 async def test_routes_without_initialised_state_are_503() -> None:
@@ -160,6 +168,10 @@ class GatedClock(ManualClock):
         self.sleeps.append(seconds)
         self.advance(seconds)
         await self._gate.get()
+
+    def release(self) -> None:
+        """Let the sleeping poller go on without waiting for its next sleep."""
+        self._gate.put_nowait(None)
 
     async def started(self) -> None:
         await self._until(1)
@@ -216,3 +228,19 @@ async def test_poller_backs_off_while_the_engine_is_down(front: SpeculationFront
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+async def test_poller_stops_on_an_engine_without_a_table(registry: CollectorRegistry) -> None:
+    clock = GatedClock()
+    view = EngineView(lookup=None, k_max=4, max_num_seqs=4, method="ngram")
+    spec = EngineSpeculation(view, worker_id="w0", clock=clock)
+
+    async def channel(request: dict[str, Any]) -> Reply:
+        return spec.handle(request)
+
+    front = SpeculationFront(channel, token=TOKEN, metrics=WorkerSpecMetrics(registry))
+    task = asyncio.create_task(poll_forever(front, clock=clock, interval_s=1.0))
+    await clock.started()
+    clock.release()
+    await asyncio.wait_for(task, timeout=5.0)
+    assert clock.sleeps == [1.0]

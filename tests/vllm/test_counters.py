@@ -65,3 +65,9 @@ def test_rss_sums_the_process_group(tmp_path: Path) -> None:
     proc(101, 100, 500)
     proc(200, 200, 7000)
     assert process_group_rss_bytes(100, proc_root=tmp_path) == 1500 * 1024
+
+
+def test_sum_of_readings_pads_positions() -> None:
+    a = SpecCounters(drafts=1, draft_tokens=2, accepted=2, accepted_per_pos=(1, 1), generation_tokens=3)
+    b = SpecCounters(drafts=2, draft_tokens=6, accepted=3, accepted_per_pos=(2, 1, 0), generation_tokens=9)
+    assert a + b == SpecCounters(drafts=3, draft_tokens=8, accepted=5, accepted_per_pos=(3, 2, 0), generation_tokens=12)

@@ -191,6 +191,8 @@ class PhasedLoad:
 
     At a phase start, closed-loop streams are added up to the phase's ``concurrency`` (streams beyond it stop
     after their current request) and the phase's Poisson/burst arrivals begin; they end with the phase.
+    After the last phase (unless it is open-ended) no new requests are sent. A load keeps state (live
+    streams, mix decks): give each lab its own.
     """
 
     def __init__(self, phases: Sequence[Phase]) -> None:

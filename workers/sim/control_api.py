@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from fleet.speculation import ScheduleError, SpeculationUpdate, StaleVersionError
 from workers.sim.errors import BadRequest, Conflict, Unauthorized, from_validation_error
-from workers.sim.openai_api import WORKER
+from workers.sim.worker import WORKER
 
 PATH = "/gearshift/v1/speculation"
 

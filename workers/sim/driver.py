@@ -24,6 +24,8 @@ class Delivery:
     choice: int
     tokens: int
     finished: bool
+    failed: bool = False
+    """The engine failed; the request was aborted (a bug in the simulator, reported as a server error)."""
 
 
 class RealTimeDriver:
@@ -97,4 +99,4 @@ class RealTimeDriver:
     def _abort_all(self) -> None:
         for rid, (sink, choice) in list(self._sinks.items()):
             self.abort(rid)
-            sink.put_nowait(Delivery(choice, 0, True))
+            sink.put_nowait(Delivery(choice, 0, finished=True, failed=True))

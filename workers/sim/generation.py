@@ -18,6 +18,10 @@ from workers.sim.engine import SimRequest
 from workers.sim.text import TextStream, pseudo_eos_length, text_seed
 
 
+class EngineFailed(RuntimeError):
+    """The engine loop failed while this request was in it."""
+
+
 @dataclass(frozen=True, slots=True)
 class PromptSpec:
     key: object
@@ -120,6 +124,8 @@ class Generation:
         try:
             while remaining:
                 delivery = await self._queue.get()
+                if delivery.failed:
+                    raise EngineFailed(f"{self.request_id}: the simulated engine failed; see the worker's log")
                 choice = self.choices[delivery.choice]
                 if choice.done:
                     continue

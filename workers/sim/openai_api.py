@@ -3,7 +3,6 @@ shapes, streaming (SSE) and not."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -11,13 +10,12 @@ import orjson
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
-from workers.sim.errors import BadRequest, NotFound, from_validation_error
-from workers.sim.generation import ChoiceDelta, Generation, GenerationSpec, PromptSpec
+from workers.sim.errors import BadRequest, NotFound, error_body, from_validation_error
+from workers.sim.generation import ChoiceDelta, EngineFailed, Generation, GenerationSpec, PromptSpec
 from workers.sim.protocol import ChatCompletionRequest, CompletionRequest, _GenerationRequest
 from workers.sim.text import count_chat_tokens, count_text_tokens
-from workers.sim.worker import SimWorker
+from workers.sim.worker import WORKER, SimWorker
 
-WORKER = web.AppKey("worker", SimWorker)
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 """OpenAI's (and vLLM's) default ``max_tokens`` for ``/v1/completions``."""
 
@@ -120,7 +118,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     head = {
         "id": generation.request_id,
         "object": "text_completion",
-        "created": int(time.time()),
+        "created": int(worker.clock.wall()),
         "model": worker.settings.model,
     }
 
@@ -161,7 +159,12 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     limit = _completion_limit(worker, tokens, body.requested_max_tokens(), worker.settings.default_max_tokens)
     generation = _start(worker, _spec(worker, request, body, [prompt], [limit]), "chatcmpl")
     model = worker.settings.model
-    head = {"id": generation.request_id, "object": "chat.completion.chunk", "created": int(time.time()), "model": model}
+    head = {
+        "id": generation.request_id,
+        "object": "chat.completion.chunk",
+        "created": int(worker.clock.wall()),
+        "model": model,
+    }
 
     def chunk(d: ChoiceDelta) -> dict[str, Any]:
         delta = {"content": d.text} if d.text or d.finish_reason is None else {}
@@ -235,6 +238,9 @@ async def _stream(
             await _send(response, {**head, "choices": [], "usage": _usage(generation)})
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
+    except EngineFailed as exc:  # the stream has started: report in-band, as vLLM does
+        await _send(response, error_body(str(exc), "InternalServerError", 500))
+        await response.write(b"data: [DONE]\n\n")
     except ConnectionResetError:
         pass  # the client went away; ``generation.deltas`` has already aborted its engine requests
     finally:

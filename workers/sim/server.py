@@ -16,9 +16,8 @@ from fleet.clock import Clock, SystemClock
 from workers.sim import control_api, openai_api
 from workers.sim.errors import error_middleware
 from workers.sim.metrics import CONTENT_TYPE
-from workers.sim.openai_api import WORKER
 from workers.sim.settings import SimWorkerSettings
-from workers.sim.worker import SimWorker
+from workers.sim.worker import WORKER, SimWorker
 
 log = logging.getLogger(__name__)
 

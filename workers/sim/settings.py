@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Annotated, Literal, Self
 
 from pydantic import AliasChoices, Field, SecretStr, model_validator
@@ -69,4 +70,10 @@ class SimWorkerSettings(BaseSettings):
         return min(self.k_max, drafter_k_max) if self.k_max is not None else drafter_k_max
 
     def load_profile(self) -> Profile:
-        return load_profile(self.profile)
+        return _cached_profile(self.profile)
+
+
+@functools.lru_cache(maxsize=16)
+def _cached_profile(name_or_path: str) -> Profile:
+    """Profiles are immutable; parse each file once per process."""
+    return load_profile(name_or_path)

@@ -31,7 +31,7 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import cast
+from typing import Protocol, cast
 
 from fleet.clock import ManualClock
 from fleet.perf import Profile
@@ -111,8 +111,14 @@ def make_worker(
     return VirtualWorker(worker_id, engine, model_name)
 
 
-class Router:
-    """Chooses the worker for a new request. Default: fewest outstanding requests, lowest index on ties."""
+class Router(Protocol):
+    """Chooses the worker (its index in ``workers``) for a new request."""
+
+    def choose(self, workers: Sequence[VirtualWorker], spec: RequestSpec) -> int: ...
+
+
+class LeastOutstandingRouter:
+    """The default router: the worker with the fewest outstanding requests, the lowest index on ties."""
 
     def choose(self, workers: Sequence[VirtualWorker], spec: RequestSpec) -> int:
         best = 0
@@ -156,8 +162,9 @@ class VirtualLab:
     """Seeds the arrival process (lengths, mix, Poisson gaps); engines carry their own seeds."""
     tick_s: float | None = None
     on_tick: TickHook | None = None
-    router: Router = field(default_factory=Router)
+    router: Router = field(default_factory=LeastOutstandingRouter)
     record_steps: bool = True
+    """Keep a ``StepRecord`` per engine step (``RunRecords.throughput`` and friends need them)."""
 
     def __post_init__(self) -> None:
         if not self.workers:
@@ -170,7 +177,7 @@ class VirtualLab:
         self._events: list[tuple[float, int, int, object]] = []
         self._order = itertools.count()
         self._ids = itertools.count()
-        self._in_flight: dict[str, tuple[RequestRecord, int]] = {}
+        self._in_flight: dict[str, RequestRecord] = {}
         self._outcomes: dict[int, tuple[float, StepOutcome]] = {}
         self._started = False
         self._dirty: set[int] = set()
@@ -251,7 +258,7 @@ class VirtualLab:
         worker.outstanding += 1
         self._dirty.add(index)
         self.records.requests.append(record)
-        self._in_flight[rid] = (record, index)
+        self._in_flight[rid] = record
 
     def _start_idle_workers(self) -> None:
         """Start a step on every worker that became idle or got a request at this instant and has work."""
@@ -279,7 +286,7 @@ class VirtualLab:
         in_flight = self._in_flight
         emitted = out.emitted
         for rid, n in emitted.items():
-            record = in_flight[rid][0]
+            record = in_flight[rid]
             if not record.output_tokens:
                 record.first_token_s = now
             record.output_tokens += n
@@ -298,7 +305,7 @@ class VirtualLab:
                 )
             )
         for rid in out.finished:
-            record = in_flight.pop(rid)[0]
+            record = in_flight.pop(rid)
             record.finish_s = now
             worker.outstanding -= 1
             if record.stream is not None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from aiohttp import web
+
 from fleet.clock import Clock
 from fleet.speculation import SpeculationControl, uniform_schedule
 from workers.sim.driver import RealTimeDriver
@@ -54,3 +56,7 @@ class SimWorker:
 
     async def stop(self) -> None:
         await self.driver.stop()
+
+
+WORKER = web.AppKey("worker", SimWorker)
+"""Where the HTTP app keeps its ``SimWorker``."""

@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse
 
 from fleet.clock import Clock
 from fleet.speculation import SpeculationState
-from workers.vllm.control import STATUS_OK, Reply, error_reply
+from workers.vllm.control import STATUS_OK, UNAVAILABLE_TYPE, EngineSideMissing, Reply, error_reply
 from workers.vllm.metrics import WorkerSpecMetrics
 
 log = logging.getLogger("vllm.gearshift")
@@ -65,7 +65,7 @@ class SpeculationFront:
         if reply.get("status") == STATUS_OK:
             if self._metrics is not None:
                 self._metrics.observe(SpeculationState.model_validate(reply["state"]), int(reply["lease_expiries"]))
-        elif reply.get("type") == "speculation_control_unavailable" and not self._logged_unavailable:
+        elif reply.get("type") == UNAVAILABLE_TYPE and not self._logged_unavailable:
             log.error("gearshift: %s", reply.get("error"))
             self._logged_unavailable = True
         return reply
@@ -73,7 +73,7 @@ class SpeculationFront:
 
 def _engine_failure(exc: Exception) -> str:
     text = str(exc) or type(exc).__name__
-    if "has no attribute" in text:
+    if isinstance(exc, EngineSideMissing):
         return (
             "the engine side of the gearshift plugin is not loaded in the EngineCore process: set "
             f"VLLM_PLUGINS=gearshift (it names both entry points) and restart vLLM ({text})"
@@ -86,7 +86,8 @@ def render(reply: Reply) -> JSONResponse:
     status = int(reply.get("status", STATUS_UNAVAILABLE))
     if status == STATUS_OK:
         return JSONResponse(reply["state"])
-    body = {"error": {"message": reply.get("error", ""), "type": reply.get("type", "error"), "code": status}}
+    error = {"message": reply.get("error", ""), "type": reply.get("type", "error"), "param": None, "code": status}
+    body = {"error": error}
     return JSONResponse(body, status_code=status)
 
 
@@ -128,6 +129,7 @@ async def poll_forever(
     """Read the engine's state every ``interval_s`` seconds (metrics; lease expiry on an idle engine).
 
     Never dies of a failed read: failures back off exponentially up to ``max_backoff_s`` and are logged.
+    Returns when the engine says control is unavailable (no table, no speculation): that lasts as long as it runs.
     """
     delay = interval_s
     while True:
@@ -139,5 +141,7 @@ async def poll_forever(
         except Exception:
             log.exception("gearshift: reading the speculation state failed")
             reply = {"status": STATUS_UNAVAILABLE}
+        if reply.get("type") == UNAVAILABLE_TYPE:
+            return
         failed = reply.get("status") == STATUS_UNAVAILABLE
         delay = min(delay * 2, max_backoff_s) if failed else interval_s

@@ -37,6 +37,8 @@ Reply = dict[str, Any]
 STATUS_OK = 200
 STATUS_BAD = 400
 STATUS_CONFLICT = 409
+UNAVAILABLE_TYPE = "speculation_control_unavailable"
+"""Error type of every reply of an engine where run-time control cannot work (HTTP 409)."""
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,10 @@ class EngineView:
     k_max: int
     max_num_seqs: int
     method: str | None
+
+
+class EngineSideMissing(RuntimeError):
+    """The EngineCore process has no gearshift method: the general plugin was not loaded there."""
 
 
 def schedule_from_dense(lookup: Sequence[int]) -> Schedule:
@@ -139,7 +145,7 @@ class EngineSpeculation:
     def handle(self, request: dict[str, Any]) -> Reply:
         """Serve one utility call from the API server; never raises."""
         if self._control is None:
-            return error_reply(STATUS_CONFLICT, "speculation_control_unavailable", self._reason or "unavailable")
+            return error_reply(STATUS_CONFLICT, UNAVAILABLE_TYPE, self._reason or "unavailable")
         op = request.get("op")
         if op == "get":
             self.before_step()

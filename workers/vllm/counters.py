@@ -25,15 +25,21 @@ class SpecCounters:
     generation_tokens: float = 0.0
 
     def __sub__(self, earlier: SpecCounters) -> SpecCounters:
-        width = max(len(self.accepted_per_pos), len(earlier.accepted_per_pos))
-        now = self.accepted_per_pos + (0.0,) * (width - len(self.accepted_per_pos))
-        then = earlier.accepted_per_pos + (0.0,) * (width - len(earlier.accepted_per_pos))
+        return self._combine(earlier, -1.0)
+
+    def __add__(self, other: SpecCounters) -> SpecCounters:
+        return self._combine(other, 1.0)
+
+    def _combine(self, other: SpecCounters, sign: float) -> SpecCounters:
+        width = max(len(self.accepted_per_pos), len(other.accepted_per_pos))
+        mine = self.accepted_per_pos + (0.0,) * (width - len(self.accepted_per_pos))
+        theirs = other.accepted_per_pos + (0.0,) * (width - len(other.accepted_per_pos))
         return SpecCounters(
-            drafts=self.drafts - earlier.drafts,
-            draft_tokens=self.draft_tokens - earlier.draft_tokens,
-            accepted=self.accepted - earlier.accepted,
-            accepted_per_pos=tuple(a - b for a, b in zip(now, then, strict=True)),
-            generation_tokens=self.generation_tokens - earlier.generation_tokens,
+            drafts=self.drafts + sign * other.drafts,
+            draft_tokens=self.draft_tokens + sign * other.draft_tokens,
+            accepted=self.accepted + sign * other.accepted,
+            accepted_per_pos=tuple(a + sign * b for a, b in zip(mine, theirs, strict=True)),
+            generation_tokens=self.generation_tokens + sign * other.generation_tokens,
         )
 
     @property

@@ -11,6 +11,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -56,13 +57,16 @@ def tiny_worker(*, port: int, model_dir: Path, worker_id: str = "tiny-0") -> Wor
     )
 
 
-def tiny_plan(worker: WorkerConfig, *, cpu: CpuOptions | None = None) -> LaunchPlan:
+def tiny_plan(
+    worker: WorkerConfig, *, cpu: CpuOptions | None = None, speculative_extra: Mapping[str, Any] | None = None
+) -> LaunchPlan:
+    """The CPU command line of a ``tiny_worker``; ``speculative_extra`` overrides speculative-config keys."""
     return build_launch(
         worker,
         entrypoint=Entrypoint.MODULE,
         python=str(VLLM_PYTHON),
         cpu=cpu or CpuOptions(),
-        speculative_extra=NGRAM_LOOKUP,
+        speculative_extra={**NGRAM_LOOKUP, **(speculative_extra or {})},
     )
 
 

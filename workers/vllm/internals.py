@@ -21,7 +21,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from workers.vllm.control import EngineView, Reply
+from workers.vllm.control import EngineSideMissing, EngineView, Reply
 
 log = logging.getLogger("vllm.gearshift")
 
@@ -44,30 +44,44 @@ def engine_view(engine_core: Any) -> EngineView:
     )
 
 
-def install_engine_hooks(*, handle: Callable[[Any, dict[str, Any]], Reply], before_step: Callable[[Any], None]) -> bool:
+def install_engine_hooks(
+    *,
+    handle: Callable[[Any, dict[str, Any]], Reply],
+    before_step: Callable[[Any], None],
+    engine_core_class: type | None = None,
+) -> bool:
     """Add ``ENGINE_METHOD`` to ``EngineCore`` and run ``before_step(engine_core)`` ahead of each step.
 
     Idempotent (plugins load once per process, but may be asked twice). Returns False, after logging why,
     when this vLLM has no ``EngineCore`` to hook; the plugin then stays inert in this process.
+    ``engine_core_class`` stands in for vLLM's class in tests.
     """
-    try:
-        from vllm.v1.engine.core import EngineCore
-    except ImportError as exc:  # a vLLM without the V1 engine: nothing to hook
-        log.error("gearshift: cannot hook vLLM's EngineCore (%s); speculation control is disabled", exc)
+    target = engine_core_class or _vllm_engine_core()
+    if target is None:
         return False
-    if getattr(EngineCore, _HOOKED, False):
+    if target.__dict__.get(_HOOKED, False):
         return True
 
     def gearshift_speculation(self: Any, request: dict[str, Any]) -> Reply:
         return handle(self, request)
 
-    setattr(EngineCore, ENGINE_METHOD, gearshift_speculation)
+    setattr(target, ENGINE_METHOD, gearshift_speculation)
     for name in _STEP_FUNCTIONS:
-        original = getattr(EngineCore, name, None)
+        original = getattr(target, name, None)
         if original is not None:
-            setattr(EngineCore, name, _with_hook(original, before_step))
-    setattr(EngineCore, _HOOKED, True)
+            setattr(target, name, _with_hook(original, before_step))
+    setattr(target, _HOOKED, True)
     return True
+
+
+def _vllm_engine_core() -> type | None:
+    try:
+        from vllm.v1.engine.core import EngineCore
+    except ImportError as exc:  # a vLLM without the V1 engine: nothing to hook
+        log.error("gearshift: cannot hook vLLM's EngineCore (%s); speculation control is disabled", exc)
+        return None
+    engine_core: type = EngineCore
+    return engine_core
 
 
 def _with_hook(step: Callable[..., Any], before_step: Callable[[Any], None]) -> Callable[..., Any]:
@@ -83,6 +97,15 @@ def _with_hook(step: Callable[..., Any], before_step: Callable[[Any], None]) -> 
 
 
 async def call_engine(engine_client: Any, request: dict[str, Any]) -> Reply:
-    """Send ``request`` to the plugin's method in the EngineCore process and return its reply."""
-    reply: Reply = await engine_client.engine_core.call_utility_async(ENGINE_METHOD, request)
+    """Send ``request`` to the plugin's method in the EngineCore process and return its reply.
+
+    Raises ``EngineSideMissing`` when the engine has no such method (vLLM reports the failed ``getattr`` of a
+    utility call as an exception whose message says ``has no attribute``); other failures propagate.
+    """
+    try:
+        reply: Reply = await engine_client.engine_core.call_utility_async(ENGINE_METHOD, request)
+    except Exception as exc:
+        if "has no attribute" in str(exc):
+            raise EngineSideMissing(str(exc)) from exc
+        raise
     return reply

@@ -8,6 +8,7 @@ greedy ``ignore_eos`` completions, reading vLLM's own counters before and after.
 from __future__ import annotations
 
 import asyncio
+import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -100,8 +101,21 @@ def process_group_rss_bytes(pgid: int, proc_root: Path = Path("/proc")) -> int:
 
 @dataclass(frozen=True)
 class KResult:
+    """One k over all rounds: counters summed, throughput as the median of the rounds (tokens/s)."""
+
     k: int
-    batch: BatchResult
+    batches: tuple[BatchResult, ...]
+
+    @property
+    def counters(self) -> SpecCounters:
+        total = SpecCounters()
+        for b in self.batches:
+            total = total + b.counters
+        return total
+
+    @property
+    def tokens_per_second(self) -> float:
+        return statistics.median(b.tokens_per_second for b in self.batches)
 
 
 async def sweep(
@@ -112,27 +126,29 @@ async def sweep(
     token: str,
     requests: int,
     max_tokens: int,
+    rounds: int = 3,
     timeout_s: float = 120.0,
 ) -> list[KResult]:
-    """For each k: set it (version = position in the sweep + 1), then run one batch.
-
-    One unmeasured batch first warms the engine up (the first requests after start-up run slower).
-    """
-    results = []
+    """``rounds`` times over ``ks``: set k (versions 1, 2, …), run one batch. Interleaving the k values spreads
+    noise from other work on the machine over all of them; one unmeasured batch first warms the engine up."""
+    batches: dict[int, list[BatchResult]] = {k: [] for k in ks}
+    version = 0
     async with httpx.AsyncClient(timeout=timeout_s) as client:
         await run_batch(client, base_url, model=model, requests=requests, max_tokens=max_tokens)
-        for version, k in enumerate(ks, start=1):
-            await put_k(client, base_url, k=k, version=version, token=token, lease_s=600.0)
-            batch = await run_batch(client, base_url, model=model, requests=requests, max_tokens=max_tokens)
-            results.append(KResult(k=k, batch=batch))
-    return results
+        for _ in range(rounds):
+            for k in ks:
+                version += 1
+                await put_k(client, base_url, k=k, version=version, token=token, lease_s=600.0)
+                batch = await run_batch(client, base_url, model=model, requests=requests, max_tokens=max_tokens)
+                batches[k].append(batch)
+    return [KResult(k=k, batches=tuple(batches[k])) for k in ks]
 
 
 def format_table(results: Sequence[KResult]) -> str:
     lines = [f"{'k':>3} {'drafts':>7} {'draft tok/draft':>16} {'tokens/draft':>13} {'tokens/s':>9}"]
     for r in results:
-        c = r.batch.counters
+        c = r.counters
         per_draft = "-" if c.draft_tokens_per_draft is None else f"{c.draft_tokens_per_draft:.2f}"
         emitted = "-" if c.tokens_per_draft is None else f"{c.tokens_per_draft:.2f}"
-        lines.append(f"{r.k:>3} {c.drafts:>7.0f} {per_draft:>16} {emitted:>13} {r.batch.tokens_per_second:>9.1f}")
+        lines.append(f"{r.k:>3} {c.drafts:>7.0f} {per_draft:>16} {emitted:>13} {r.tokens_per_second:>9.1f}")
     return "\n".join(lines)

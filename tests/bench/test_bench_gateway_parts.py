@@ -10,7 +10,7 @@ import pytest
 
 from bench.gateway import upstream
 from bench.gateway.procs import BenchProcessError
-from bench.gateway.profile import component_of, summarise
+from bench.gateway.profile import LOOP_ITSELF, component_of, summarise
 from bench.gateway.wrk import chat_body, parse_output
 
 
@@ -76,12 +76,13 @@ def test_parse_wrk_without_summary_is_an_error() -> None:
 
 
 def test_profile_summary_shares() -> None:
+    root = "<module> (bench/gateway/passthrough.py:80);Runner.run (asyncio/runners.py:118)"
     raw = "\n".join(
         [
-            "<module> (/x/uvicorn/main.py:1);handle (/work/main/gateway/pipeline.py:10);"
-            "send (/x/site-packages/aiohttp/client.py:5) 30",
-            "<module> (/x/uvicorn/main.py:1);handle (/work/main/gateway/pipeline.py:10) 10",
-            "<module> (/x/uvicorn/main.py:1);forward (/work/main/bench/gateway/passthrough.py:3) 10",
+            f"{root};handle (gateway/pipeline.py:10);send (aiohttp/client.py:5) 30",
+            f"{root};handle (gateway/pipeline.py:10) 10",
+            f"{root} 10",
+            "Thread._bootstrap (threading.py:1002);Queue.get (queue.py:171);Condition.wait (threading.py:327) 500",
         ]
     )
     p = summarise(raw, target="t", expected_samples=100)
@@ -89,6 +90,9 @@ def test_profile_summary_shares() -> None:
     assert p.idle_share == pytest.approx(0.5)
     assert p.inclusive["gateway (gearshift)"] == pytest.approx(0.8)
     assert p.inclusive["aiohttp (upstream client)"] == pytest.approx(0.6)
-    assert p.inclusive["uvicorn (HTTP server)"] == pytest.approx(1.0)
-    assert p.top_self[0][0].startswith("send (")
-    assert component_of("/work/main/bench/gateway/passthrough.py") == "bench pass-through"
+    assert p.inclusive[LOOP_ITSELF] == pytest.approx(0.2)
+    assert "bench pass-through / launcher" not in p.inclusive  # frames below the event loop are left out
+    assert p.top_self[0][0] == "send (aiohttp/client.py:5)"
+    assert p.top_self[0][1] == pytest.approx(0.6)
+    assert component_of("bench/gateway/passthrough.py") == "bench pass-through / launcher"
+    assert component_of("/work/main/gateway/app.py") == "gateway (gearshift)"
