@@ -148,6 +148,8 @@ class Controller:
         if scrape is not None and rt.version is None:
             await self._learn_version(rt)
         stale = scrape is None
+        if rt.k_applied is not None and rt.estimator.windows == 0:
+            rt.estimator.k_current = rt.k_applied  # before the first window, trust what the worker reports
         stale_for = now - (rt.last_ok_s if rt.last_ok_s is not None else rt.first_seen_s)
         est = rt.estimator.estimate(stale=stale, stale_for_s=stale_for if stale else 0.0)
         decision = decide(est, rt.profile, tpot_target_s=rt.tpot_target_s, config=self.settings.policy)

@@ -123,6 +123,9 @@ class SpeculationControl:
     lease_expires_at: float | None = None
     reason: str = "start-up schedule"
     lease_expiries: int = 0
+    last_put: Schedule = ()
+    """The schedule the applied version was PUT with: a re-PUT of that version (a lease renewal) must match it,
+    even after the lease expired and the worker fell back."""
 
     def __post_init__(self) -> None:
         self.fallback = validate_schedule(self.fallback, k_max=self.k_max, max_num_seqs=self.max_num_seqs)
@@ -139,9 +142,10 @@ class SpeculationControl:
         rows = update.schedule if update.schedule is not None else [[1, self.max_num_seqs, int(update.k or 0)]]
         schedule = validate_schedule(rows, k_max=self.k_max, max_num_seqs=self.max_num_seqs)
         now = self.clock.wall()
-        if update.version == self.version and schedule != self.schedule and self.version != 0:
+        if update.version == self.version and self.last_put and schedule != self.last_put:
             raise StaleVersionError(f"version: {update.version} was already applied with a different schedule")
         self.schedule = schedule
+        self.last_put = schedule
         self.version = update.version
         self.applied_at = now
         self.lease_expires_at = now + update.lease_seconds

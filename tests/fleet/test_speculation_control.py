@@ -143,3 +143,14 @@ def test_update_schema_bounds() -> None:
         SpeculationUpdate(k=1, version=-1)
     with pytest.raises(ValidationError, match="extra"):
         SpeculationUpdate.model_validate({"k": 1, "version": 1, "colour": "red"})
+
+
+def test_renewing_the_same_version_after_expiry_reapplies_it(control: SpeculationControl, clock: ManualClock) -> None:
+    control.apply(SpeculationUpdate(k=8, version=3, lease_seconds=5))
+    clock.advance(6)
+    assert control.expire()
+    assert control.k_for(1) == 4
+    state = control.apply(SpeculationUpdate(k=8, version=3, lease_seconds=5))  # a late renewal of the same decision
+    assert state.schedule == [[1, 256, 8]]
+    with pytest.raises(StaleVersionError, match="already applied with a different schedule"):
+        control.apply(SpeculationUpdate(k=2, version=3))
