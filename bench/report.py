@@ -302,9 +302,13 @@ def plot_frontier(result: SuiteResult, path: Path, scenario: str = FRONTIER_SCEN
 def plot_cost(result: SuiteResult, path: Path) -> None:
     policies = result.policies()
     names = [s.name for s in result.scenarios]
-    fig, axes = plt.subplots(1, len(names), figsize=(3.2 * len(names), 4), constrained_layout=True, squeeze=False)
+    cols = min(4, len(names))
+    rows = math.ceil(len(names) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.4 * cols, 3.6 * rows), constrained_layout=True, squeeze=False)
     parts = (("target", "tab:blue"), ("drafter", "tab:orange"), ("rejected_drafts", "tab:red"), ("idle", "tab:gray"))
-    for ax, n in zip(axes[0], names, strict=True):
+    for ax in axes.flat[len(names) :]:
+        ax.set_visible(False)
+    for ax, n in zip(axes.flat, names, strict=False):
         bottom = [0.0] * len(policies)
         for part, colour in parts:
             values = [getattr(result.runs[n, p].cost, part) for p in policies]
@@ -313,7 +317,8 @@ def plot_cost(result: SuiteResult, path: Path) -> None:
             bottom = [b + v for b, v in zip(bottom, values, strict=True)]
         ax.set_xticks(range(len(policies)), policies, rotation=70, fontsize=7)
         ax.set_title(n, fontsize=9)
-    axes[0][0].set_ylabel("USD per million output tokens")
+    for row in axes:
+        row[0].set_ylabel("USD per million output tokens")
     axes[0][0].legend(fontsize=7)
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -12,6 +12,7 @@ from _net import free_port
 from fleet.config import WorkerConfig
 from workers.vllm.cpu_server import (
     REPO_ROOT,
+    VLLM_VENV,
     RunningServer,
     ServerStartError,
     build_tiny_model,
@@ -42,8 +43,9 @@ def vllm_env() -> None:
 
 
 @pytest.fixture(scope="session")
-def tiny_model_dir(vllm_env: None, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_model(tmp_path_factory.mktemp("tiny-llama"))
+def tiny_model_dir(vllm_env: None) -> Path:
+    """The tiny model, kept beside the vLLM virtualenv (rebuilt only when its spec changes)."""
+    return build_tiny_model(VLLM_VENV / "cache" / "tiny-llama")
 
 
 def start_server(

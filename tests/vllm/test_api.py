@@ -99,24 +99,26 @@ async def test_put_without_the_control_token_is_401(
 ) -> None:
     response = await client.put(PATH, json={"k": 1, "version": 1}, headers=headers)
     assert response.status_code == 401
-    assert response.json()["error"]["type"] == "unauthorized"
+    assert response.json()["error"]["type"] == "AuthenticationError"
     assert engine.calls == 0
 
 
 @pytest.mark.parametrize(
-    ("body", "status", "needle"),
+    ("body", "needle", "param"),
     [
-        (b"{not json", 400, "not valid JSON"),
-        (b'{"k": 9, "version": 1}', 400, "k_max 4"),
-        (b'{"version": 1, "k": 1, "lease_seconds": -1}', 400, "lease_seconds"),
+        (b"{not json", "not valid JSON", None),
+        (b'{"k": 9, "version": 1}', "k_max 4", "schedule"),
+        (b'{"version": 1, "k": 1, "lease_seconds": -1}', "lease_seconds", "lease_seconds"),
     ],
 )
 async def test_bad_bodies_are_400_with_a_message(
-    client: httpx.AsyncClient, engine: InProcessEngine, body: bytes, status: int, needle: str
+    client: httpx.AsyncClient, engine: InProcessEngine, body: bytes, needle: str, param: str | None
 ) -> None:
     response = await client.put(PATH, content=body, headers=AUTH | {"content-type": "application/json"})
-    assert response.status_code == status
-    assert needle in response.json()["error"]["message"]
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert needle in error["message"]
+    assert (error["type"], error["param"], error["code"]) == ("BadRequestError", param, 400)
     assert engine.lookup == [0, 4, 4, 4, 4]
 
 
@@ -126,8 +128,8 @@ async def test_older_version_is_409(client: httpx.AsyncClient) -> None:
     assert response.status_code == 409
     assert response.json()["error"] == {
         "message": "version: 4 is older than the applied version 5",
-        "type": "stale_version",
-        "param": None,
+        "type": "ConflictError",
+        "param": "version",
         "code": 409,
     }
 
@@ -139,6 +141,7 @@ async def test_an_engine_without_the_plugin_method_is_503_with_the_fix(
     response = await client.get(PATH)
     assert response.status_code == 503
     assert "VLLM_PLUGINS=gearshift" in response.json()["error"]["message"]
+    assert response.json()["error"]["type"] == "ServiceUnavailableError"
 
 
 async def test_any_other_engine_failure_is_503_naming_it(client: httpx.AsyncClient, engine: InProcessEngine) -> None:

@@ -169,6 +169,7 @@ async def test_a_bad_schedule_is_400_while_an_in_flight_stream_finishes(client: 
             response = await put(client, **update)
             assert response.status_code == 400, response.text
             assert response.json()["error"]["message"].startswith("schedule[")
+            assert response.json()["error"]["param"] == "schedule"
         rest = [line async for line in lines]
     events = [json.loads(line.removeprefix("data: ")) for line in [first, *rest] if line.startswith("data: {")]
     assert events[-1]["usage"]["completion_tokens"] == stream_tokens
@@ -180,7 +181,7 @@ async def test_put_without_the_control_token_is_401(client: httpx.AsyncClient) -
     for headers in ({}, {"Authorization": "Bearer not-the-token"}):
         response = await put(client, headers=headers, k=1)
         assert response.status_code == 401
-        assert response.json()["error"]["type"] == "unauthorized"
+        assert response.json()["error"]["type"] == "AuthenticationError"
 
 
 async def test_an_older_version_is_409_and_changes_nothing(client: httpx.AsyncClient) -> None:

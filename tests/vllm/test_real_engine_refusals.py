@@ -37,7 +37,7 @@ async def test_get_and_put_are_409_naming_the_missing_table(client: httpx.AsyncC
     for response in (await client.get(SPEC), await client.put(SPEC, json={"k": 1, "version": 1}, headers=auth)):
         assert response.status_code == 409
         error = response.json()["error"]
-        assert error["type"] == "speculation_control_unavailable"
+        assert (error["type"], error["param"]) == ("ConflictError", "speculative_config")
         assert TABLE in error["message"]
 
 

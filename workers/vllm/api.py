@@ -3,7 +3,8 @@
 ``GET /gearshift/v1/speculation`` returns ``SpeculationState``; ``PUT`` takes ``SpeculationUpdate`` and needs
 ``Authorization: Bearer <GEARSHIFT_CONTROL_TOKEN>``. Both forward to the engine through an ``EngineChannel``
 (the real one is a vLLM utility call, see ``internals.call_engine``; tests pass ``EngineSpeculation.handle``
-behind a fake). Errors are ``{"error": {"message", "type", "code"}}`` like vLLM's own: 400 invalid body or table,
+behind a fake). Errors are ``{"error": {"message", "type", "param", "code"}}`` like vLLM's own and the
+simulator's: 400 invalid body or table,
 401 token, 409 stale version or no per-batch-size table, 503 engine unreachable.
 """
 
@@ -81,14 +82,34 @@ def _engine_failure(exc: Exception) -> str:
     return f"the engine did not answer the speculation control call: {text}"
 
 
+_ERROR_TYPES = {
+    400: "BadRequestError",
+    401: "AuthenticationError",
+    409: "ConflictError",
+    503: "ServiceUnavailableError",
+}
+"""vLLM's (and the simulator's) error type names by HTTP status."""
+_ERROR_PARAMS = {
+    "invalid_schedule": "schedule",
+    "stale_version": "version",
+    UNAVAILABLE_TYPE: "speculative_config",
+}
+"""Which part of the request or server an error kind is about (``param`` in the error body)."""
+
+
 def render(reply: Reply) -> JSONResponse:
-    """Map an engine reply to the HTTP response."""
+    """Map an engine reply to the HTTP response: ``{"error": {"message", "type", "param", "code"}}`` on errors."""
     status = int(reply.get("status", STATUS_UNAVAILABLE))
     if status == STATUS_OK:
         return JSONResponse(reply["state"])
-    error = {"message": reply.get("error", ""), "type": reply.get("type", "error"), "param": None, "code": status}
-    body = {"error": error}
-    return JSONResponse(body, status_code=status)
+    kind = str(reply.get("type", ""))
+    error = {
+        "message": reply.get("error", ""),
+        "type": _ERROR_TYPES.get(status, "InternalServerError"),
+        "param": reply.get("param", _ERROR_PARAMS.get(kind)),
+        "code": status,
+    }
+    return JSONResponse({"error": error}, status_code=status)
 
 
 def create_router() -> APIRouter:

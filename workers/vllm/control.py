@@ -72,8 +72,12 @@ def schedule_from_dense(lookup: Sequence[int]) -> Schedule:
     return tuple(rows)
 
 
-def error_reply(status: int, kind: str, message: str) -> Reply:
-    return {"status": status, "type": kind, "error": message}
+def error_reply(status: int, kind: str, message: str, *, param: str | None = None) -> Reply:
+    """An error reply; ``kind`` is machine-readable, ``param`` the request field at fault, if one is."""
+    reply: Reply = {"status": status, "type": kind, "error": message}
+    if param is not None:
+        reply["param"] = param
+    return reply
 
 
 def unavailable_reason(view: EngineView) -> str | None:
@@ -163,7 +167,7 @@ class EngineSpeculation:
         except ValidationError as exc:
             first = exc.errors()[0]
             field = ".".join(str(p) for p in first["loc"]) or "body"
-            return error_reply(STATUS_BAD, "invalid_request", f"{field}: {first['msg']}")
+            return error_reply(STATUS_BAD, "invalid_request", f"{field}: {first['msg']}", param=field)
         except StaleVersionError as exc:
             return error_reply(STATUS_CONFLICT, "stale_version", str(exc))
         except ScheduleError as exc:

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
+import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -47,10 +49,16 @@ def build_tiny_model(out: Path, spec: TinyModelSpec | None = None) -> Path:
     stamp = out / _STAMP
     if stamp.is_file() and json.loads(stamp.read_text()) == asdict(spec):
         return out
-    out.mkdir(parents=True, exist_ok=True)
-    tokenizer = _build_tokenizer(out, spec)
-    _build_model(out, spec, bos=tokenizer.bos_token_id, eos=tokenizer.eos_token_id)
-    stamp.write_text(json.dumps(asdict(spec)))
+    # Build beside ``out`` and move into place, so a reader never sees half a model.
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}-") as tmp:
+        work = Path(tmp)
+        tokenizer = _build_tokenizer(work, spec)
+        _build_model(work, spec, bos=tokenizer.bos_token_id, eos=tokenizer.eos_token_id)
+        (work / _STAMP).write_text(json.dumps(asdict(spec)))
+        shutil.rmtree(out, ignore_errors=True)
+        work.rename(out)
+        work.mkdir()  # TemporaryDirectory removes what it created
     return out
 
 
