@@ -18,9 +18,10 @@ from bench.scenario import Scenario, TrafficClass
 from controller.lab import lab_fleet
 from fleet.clock import ManualClock
 from fleet.perf import Profile, load_profile
+from fleet.speculation import Schedule
 from workers.sim.arrivals import Lengths, Phase, PhasedLoad, RequestKind, WorkloadMix
 from workers.sim.records import RunRecords
-from workers.sim.virtual import TickContext, VirtualLab, make_worker
+from workers.sim.virtual import TickContext, VirtualLab, VirtualWorker, make_worker
 
 DRAIN_S = 120.0
 """Longest virtual time the lab keeps running after the last phase, to let requests in flight finish."""
@@ -119,14 +120,10 @@ def lab_context(scenario: Scenario) -> LabContext:
     )
 
 
-def run_policy(scenario: Scenario, policy: LabPolicy, *, profile: Profile | None = None) -> RawRun:
-    """Run ``policy`` on ``scenario`` (deterministic for the scenario's seed)."""
-    profile = profile or load_profile(scenario.profile)
-    clock = ManualClock()
-    k_max = profile.drafter.k_max
-    start = policy.start_schedule(k_max=k_max, max_num_seqs=scenario.max_num_seqs)
+def make_workers(scenario: Scenario, profile: Profile, clock: ManualClock, start: Schedule) -> list[VirtualWorker]:
+    """The scenario's workers, each starting on ``start``; priority scheduling when the tiers differ in it."""
     uses_priority = len({t.priority for t in scenario.tiers.values()}) > 1
-    workers = [
+    return [
         make_worker(
             profile,
             f"w{i}",
@@ -138,20 +135,35 @@ def run_policy(scenario: Scenario, policy: LabPolicy, *, profile: Profile | None
         )
         for i in range(scenario.workers)
     ]
-    policy.bind(workers, lab_context(scenario))
-    raw = RawRun(scenario=scenario, policy=policy.name, records=RunRecords(()))
-    last_schedule = [w.control.schedule for w in workers]
 
-    def on_tick(tick: TickContext) -> None:
-        policy.on_tick(tick)
+
+@dataclass
+class _Recorder:
+    """The lab's tick hook: lets the policy act, then samples every worker's schedule and queue."""
+
+    policy: LabPolicy
+    raw: RawRun
+    last: list[Schedule]
+
+    def __call__(self, tick: TickContext) -> None:
+        self.policy.on_tick(tick)
         for i, w in enumerate(tick.workers):
             schedule = w.control.schedule
-            if schedule != last_schedule[i]:
-                raw.schedule_changes += 1
-                last_schedule[i] = schedule
+            if schedule != self.last[i]:
+                self.raw.schedule_changes += 1
+                self.last[i] = schedule
             stats = w.stats
-            raw.ticks.append(TickSample(tick.now_s, i, max(r[2] for r in schedule), stats.running, stats.waiting))
+            self.raw.ticks.append(TickSample(tick.now_s, i, max(r[2] for r in schedule), stats.running, stats.waiting))
 
+
+def run_policy(scenario: Scenario, policy: LabPolicy, *, profile: Profile | None = None) -> RawRun:
+    """Run ``policy`` on ``scenario`` (deterministic for the scenario's seed)."""
+    profile = profile or load_profile(scenario.profile)
+    clock = ManualClock()
+    start = policy.start_schedule(k_max=profile.drafter.k_max, max_num_seqs=scenario.max_num_seqs)
+    workers = make_workers(scenario, profile, clock, start)
+    policy.bind(workers, lab_context(scenario))
+    raw = RawRun(scenario=scenario, policy=policy.name, records=RunRecords(()))
     router = GatewayRouter(
         fleet=lab_fleet(workers, profile),
         tiers=scenario.tiers,
@@ -165,7 +177,7 @@ def run_policy(scenario: Scenario, policy: LabPolicy, *, profile: Profile | None
         clock=clock,
         seed=scenario.seed,
         tick_s=scenario.tick_s,
-        on_tick=on_tick,
+        on_tick=_Recorder(policy, raw, [w.control.schedule for w in workers]),
         router=router,
     )
     try:

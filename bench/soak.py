@@ -9,6 +9,7 @@ stops with them, and the stack is torn down whatever happens. Times are seconds.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
 from collections.abc import Callable
@@ -22,7 +23,20 @@ from bench.soak_client import StreamResult, stream_chat
 from bench.soak_probe import CONNECTIONS_METRIC, TASKS_METRIC, established, open_fds, rss_mib, scrape_gauge
 from bench.soak_stack import MODEL, SOAK_TENANTS, SoakStack, SoakTenant, soak_stack
 
-WORDS = "gear shift speculative decoding draft accept token batch expert route tenant lease".split()
+WORDS = [
+    "gear",
+    "shift",
+    "speculative",
+    "decoding",
+    "draft",
+    "accept",
+    "token",
+    "batch",
+    "expert",
+    "route",
+    "tenant",
+    "lease",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,10 +159,8 @@ async def _sampler(
         )
         result.samples.append(sample)
         progress(sample)
-        try:
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), timeout=cfg.sample_s)
-        except TimeoutError:
-            pass
 
 
 async def _ledger(stack: SoakStack, since: float, tenants: tuple[SoakTenant, ...]) -> dict[str, dict[str, float]]:
@@ -170,7 +182,9 @@ async def run_soak(
     with soak_stack(run_dir, workers=cfg.workers, replicas=cfg.replicas, speedup=cfg.speedup,
                     tenants=cfg.tenants) as stack:  # fmt: skip
         result = SoakResult(
-            config=cfg, started_wall=time.time() - 1.0, limited_tenants=frozenset(t.id for t in cfg.tenants if t.limited)
+            config=cfg,
+            started_wall=time.time() - 1.0,
+            limited_tenants=frozenset(t.id for t in cfg.tenants if t.limited),
         )
         result.before = await asyncio.to_thread(_probe, stack)
         t0 = time.monotonic()

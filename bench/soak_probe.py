@@ -48,6 +48,6 @@ def scrape_gauge(url: str, name: str) -> float | None:
     except (urllib.error.URLError, OSError):
         return None
     for line in text.splitlines():
-        if line.startswith(name + " ") or line.startswith(name + "{"):
+        if line.startswith((name + " ", name + "{")):
             return float(line.rsplit(" ", 1)[1])
     return None

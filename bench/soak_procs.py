@@ -9,6 +9,8 @@ chosen at run time, and is waited for by polling (never a fixed sleep). Faults a
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 import shutil
 import signal
@@ -105,10 +107,8 @@ class Proc:
                 os.killpg(self.popen.pid, signal.SIGTERM)
                 self.popen.wait(timeout=5)
             except (subprocess.TimeoutExpired, ProcessLookupError, PermissionError):
-                try:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(self.popen.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
                 self.popen.wait(timeout=5)
 
 
@@ -149,16 +149,18 @@ def http_ok(url: str, *, timeout_s: float = 1.0) -> bool:
         return False
 
 
-def _start_http(
-    name: str, build: Callable[[int], list[str]], *, log_dir: Path, ready_path: str, timeout_s: float,
-    env: Mapping[str, str] | None = None,
-) -> Proc:  # fmt: skip
+Launch = Callable[[int], tuple[list[str], Mapping[str, str] | None]]
+"""Port → (argv, extra environment) of a server child."""
+
+
+def _start_http(name: str, launch: Launch, *, log_dir: Path, ready_path: str, timeout_s: float) -> Proc:
     """Start a server on a free port (retrying a lost port race) and wait until ``ready_path`` answers 2xx."""
     for _ in range(_START_ATTEMPTS):
         port = free_port()
-        proc = spawn(name, build(port), log_dir=log_dir, env=env)
+        argv, env = launch(port)
+        proc = spawn(name, argv, log_dir=log_dir, env=env)
         proc.port, proc.url = port, f"http://127.0.0.1:{port}"
-        if wait_until(lambda: http_ok(proc.url + ready_path), timeout_s=timeout_s, proc=proc):
+        if wait_until(functools.partial(http_ok, proc.url + ready_path), timeout_s=timeout_s, proc=proc):
             return proc
         tail = proc.log_tail()
         proc.stop()
@@ -168,37 +170,31 @@ def _start_http(
 
 
 def start_sim(
-    worker_id: str, *, log_dir: Path, speedup: float = 1.0, model: str = "kimi-k3", seed: int = 0,
-    extra: Sequence[str] = (), timeout_s: float = 30.0, env: Mapping[str, str] | None = None,
-) -> Proc:  # fmt: skip
+    worker_id: str,
+    *,
+    log_dir: Path,
+    speedup: float = 1.0,
+    model: str = "kimi-k3",
+    seed: int = 0,
+    extra: Sequence[str] = (),
+    timeout_s: float = 30.0,
+) -> Proc:
     """A simulated worker process (``gearshift sim serve``), ready when ``/health`` answers."""
 
-    def argv(port: int) -> list[str]:
-        return gearshift_argv(
-            "sim", "serve", "--port", str(port), "--worker-id", worker_id, "--model", model,
-            "--speedup", repr(speedup), "--seed", str(seed), *extra,
-        )  # fmt: skip
+    def launch(port: int) -> tuple[list[str], None]:
+        args = ["--port", str(port), "--worker-id", worker_id, "--model", model, "--speedup", repr(speedup)]
+        return gearshift_argv("sim", "serve", *args, "--seed", str(seed), *extra), None
 
-    return _start_http(f"sim-{worker_id}", argv, log_dir=log_dir, ready_path="/health", timeout_s=timeout_s, env=env)
+    return _start_http(f"sim-{worker_id}", launch, log_dir=log_dir, ready_path="/health", timeout_s=timeout_s)
 
 
 def start_gateway(name: str, *, env: Mapping[str, str], log_dir: Path, timeout_s: float = 30.0) -> Proc:
     """A gateway process (``gearshift gateway``; settings from ``env``), ready when ``/healthz`` answers."""
 
-    def argv(port: int) -> list[str]:
-        return gearshift_argv("gateway")
+    def launch(port: int) -> tuple[list[str], Mapping[str, str]]:
+        return gearshift_argv("gateway"), {**env, "GEARSHIFT_PORT": str(port)}
 
-    for _ in range(_START_ATTEMPTS):
-        port = free_port()
-        proc = spawn(name, argv(port), log_dir=log_dir, env={**env, "GEARSHIFT_PORT": str(port)})
-        proc.port, proc.url = port, f"http://127.0.0.1:{port}"
-        if wait_until(lambda: http_ok(proc.url + "/healthz"), timeout_s=timeout_s, proc=proc):
-            return proc
-        tail = proc.log_tail()
-        proc.stop()
-        if "address already in use" not in tail.lower():
-            raise ProcessFailed(f"{name}: not ready at {proc.url}/healthz within {timeout_s} s:\n{tail}")
-    raise ProcessFailed(f"{name}: lost the port race {_START_ATTEMPTS} times")
+    return _start_http(name, launch, log_dir=log_dir, ready_path="/healthz", timeout_s=timeout_s)
 
 
 def start_controller(name: str, *, env: Mapping[str, str], log_dir: Path) -> Proc:
@@ -227,7 +223,7 @@ def start_redis(*, log_dir: Path, port: int | None = None, persist: bool = False
         argv += ["--appendonly", "yes", "--appendfsync", "always"] if persist else ["--appendonly", "no"]
         proc = spawn(name, argv, log_dir=log_dir)
         proc.port, proc.url = chosen, f"redis://127.0.0.1:{chosen}/0"
-        if wait_until(lambda: redis_ping(chosen), timeout_s=10.0, proc=proc):
+        if wait_until(functools.partial(redis_ping, chosen), timeout_s=10.0, proc=proc):
             return proc
         proc.stop()
     raise ProcessFailed(f"{name}: redis-server did not answer PING")

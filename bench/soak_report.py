@@ -94,8 +94,12 @@ def checks(result: SoakResult) -> list[Check]:
             out.append(Check("asyncio tasks at the end = at the start", False,
                              "not exported by the gateway (reliability defect D5)"))  # fmt: skip
     clients = client_totals(result)
-    diffs = [f"{t}.{k}: ledger {result.ledger.get(t, {}).get(k, 0):.0f} vs clients {v:.0f}"
-             for t, row in clients.items() for k, v in row.items() if result.ledger.get(t, {}).get(k, 0) != v]  # fmt: skip
+    diffs = [
+        f"{t}.{k}: ledger {got:.0f} vs clients {v:.0f}"
+        for t, row in clients.items()
+        for k, v in row.items()
+        if (got := result.ledger.get(t, {}).get(k, 0)) != v
+    ]
     out.append(Check("usage ledger = client counts (per tenant)", not diffs, "; ".join(diffs) or "exact"))
     return out
 
@@ -156,28 +160,52 @@ def write(result: SoakResult, out: Path, *, command: str) -> Path:
         "",
         "## Requests and errors",
         "",
-        table(["outcome", "count"],
-              [["served (200, [DONE], no error)", str(sum(1 for f in result.finished if f.result.ok))]]
-              + [[f"intended: {k}", str(v)] for k, v in intended.items()]
-              + [[f"UNINTENDED: {k}", str(v)] for k, v in unintended.items()]),  # fmt: skip
+        table(
+            ["outcome", "count"],
+            [["served (200, [DONE], no error)", str(sum(1 for f in result.finished if f.result.ok))]]
+            + [[f"intended: {k}", str(v)] for k, v in intended.items()]
+            + [[f"UNINTENDED: {k}", str(v)] for k, v in unintended.items()],
+        ),
         "",
         "## Latency over time (client side, ms)",
         "",
-        table(["window s", "served", "TTFT p50", "TTFT p90", "TTFT p99", "TPOT p50", "TPOT p90", "TPOT p99"],
-              latency_rows(result.finished, window_s=window, elapsed_s=result.elapsed_s)),  # fmt: skip
+        table(
+            ["window s", "served", "TTFT p50", "TTFT p90", "TTFT p99", "TPOT p50", "TPOT p90", "TPOT p99"],
+            latency_rows(result.finished, window_s=window, elapsed_s=result.elapsed_s),
+        ),
         "",
         "## Gateway processes over time",
         "",
-        table(["t s", "RSS MiB", "client connections", "open fds", "served", "errors"],
-              [[f"{s.at_s:.0f}", " / ".join(f"{r:.0f}" for r in s.rss_mib), " / ".join(map(str, s.connections)),
-                " / ".join(map(str, s.fds)), str(s.served), str(s.errors)] for s in result.samples]),  # fmt: skip
+        table(
+            ["t s", "RSS MiB", "client connections", "open fds", "served", "errors"],
+            [
+                [
+                    f"{s.at_s:.0f}",
+                    " / ".join(f"{r:.0f}" for r in s.rss_mib),
+                    " / ".join(map(str, s.connections)),
+                    " / ".join(map(str, s.fds)),
+                    str(s.served),
+                    str(s.errors),
+                ]
+                for s in result.samples
+            ],
+        ),
         "",
         "## Usage ledger against the clients' own counts",
         "",
-        table(["tenant", "requests ledger/clients", "prompt tokens ledger/clients", "completion tokens ledger/clients"],
-              [[t, *(f"{result.ledger.get(t, {}).get(k, 0):.0f} / {row[k]:.0f}"
-                     for k in ("requests", "prompt_tokens", "completion_tokens"))]
-               for t, row in clients.items()]),  # fmt: skip
+        table(
+            ["tenant", "requests ledger/clients", "prompt tokens ledger/clients", "completion tokens ledger/clients"],
+            [
+                [
+                    t,
+                    *(
+                        f"{result.ledger.get(t, {}).get(k, 0):.0f} / {row[k]:.0f}"
+                        for k in ("requests", "prompt_tokens", "completion_tokens")
+                    ),
+                ]
+                for t, row in clients.items()
+            ],
+        ),
         "",
         f"Gateway exit codes after SIGTERM: {result.gateway_exit_codes}.",
         "",

@@ -47,6 +47,15 @@ class TargetModel(_Strict):
     """Inter-GPU communication time per token in the step (tensor-parallel all-reduces), seconds."""
     step_overhead_s: Annotated[float, Field(ge=0)]
     """Fixed per-step cost: kernel launches, scheduling, latency of the collectives, seconds."""
+    routed_active_params: Annotated[float, Field(ge=0)] = 0.0
+    """The part of ``active_params`` computed by the routed experts' grouped (INT4) GEMMs, which run at
+    ``Hardware.moe_flops_per_s``; the rest runs at ``flops_per_s``. 0: all at ``flops_per_s``."""
+    attention_flops_per_context_token: Annotated[float, Field(ge=0)] = 0.0
+    """Attention FLOPs per query token per context token, summed over layers (MLA absorbed attention:
+    layers · heads · (2·(latent + rope) + 2·latent)). 0: attention FLOPs left out (memory-bound decode)."""
+    sample_s_per_token: Annotated[float, Field(ge=0)] = 0.0
+    """Sampling and draft rejection per verified (decode) token: logits gather, softmax, top-p, accept test,
+    seconds. Not paid by prefill tokens."""
 
 
 class DrafterModel(_Strict):
@@ -68,6 +77,11 @@ class Hardware(_Strict):
     """Effective aggregate compute, FLOP/s."""
     kv_capacity_tokens: Annotated[int, Field(gt=0)]
     """KV cache capacity of the worker, tokens."""
+    moe_flops_per_s: Annotated[float, Field(gt=0)] | None = None
+    """Effective compute of the routed experts' grouped GEMMs, FLOP/s (None: ``flops_per_s``)."""
+    overlap: Annotated[float, Field(ge=0, le=1)] = 1.0
+    """How much of the shorter of memory and compute time hides under the longer: the roofline is
+    ``max(mem, comp) + (1 − overlap) · min(mem, comp)`` (1: the ideal max; 0: kernels serialise them)."""
 
 
 class AcceptanceClass(_Strict):
@@ -133,22 +147,31 @@ def experts_touched(profile: Profile, tokens: int) -> float:
 
 
 def step_time(profile: Profile, shape: StepShape) -> StepTime:
-    """Roofline step time, seconds: max(bytes / bandwidth, FLOPs / peak) + communication + fixed overhead,
-    plus the drafter's block-parallel pass when k > 0.
+    """Roofline step time, seconds: max(mem, comp) + (1 − overlap) · min(mem, comp) + communication +
+    sampling + fixed overhead, plus the drafter's block-parallel pass when k > 0.
 
-    The step processes n = decode_seqs · (k + 1) + prefill_tokens tokens. Bytes are the dense weights, the
-    distinct routed experts those n tokens touch (``experts_touched``) and the decoding sequences' KV reads
-    (``context_tokens · kv_bytes_per_token · kv_read_replicas``; attention is memory-bound for MLA decode, so
-    its FLOPs are left out); FLOPs are 2 · active_params · n; communication is ``comm_s_per_token · n``."""
+    The step processes n = decode_seqs · (k + 1) + prefill_tokens tokens. ``mem`` moves the dense weights,
+    the distinct routed experts those n tokens touch (``experts_touched``) and the decoding sequences' KV
+    (``context_tokens · kv_bytes_per_token · kv_read_replicas``) at ``hbm_bytes_per_s``. ``comp`` is
+    2 · active_params FLOPs per token (the routed share at ``moe_flops_per_s``) plus attention: each of the
+    decode_seqs · (k + 1) query tokens attends to its sequence's context (``attention_flops_per_context_token``
+    · context_tokens · (k + 1)). Communication is ``comm_s_per_token · n``; sampling
+    ``sample_s_per_token · decode_seqs · (k + 1)``."""
     t, hw = profile.target, profile.hardware
-    tokens = shape.decode_seqs * (shape.k + 1) + shape.prefill_tokens
+    queries = shape.decode_seqs * (shape.k + 1)
+    tokens = queries + shape.prefill_tokens
     if tokens == 0:
         return StepTime(0.0, 0.0)
     weight_bytes = t.dense_bytes + experts_touched(profile, tokens) * t.expert_bytes
     kv_bytes = shape.context_tokens * t.kv_bytes_per_token * t.kv_read_replicas
-    flops = 2.0 * t.active_params * tokens
-    target = max((weight_bytes + kv_bytes) / hw.hbm_bytes_per_s, flops / hw.flops_per_s)
-    target += tokens * t.comm_s_per_token + t.step_overhead_s
+    memory_s = (weight_bytes + kv_bytes) / hw.hbm_bytes_per_s
+    routed = min(t.routed_active_params, t.active_params)
+    compute_s = (
+        2.0 * tokens * ((t.active_params - routed) / hw.flops_per_s + routed / (hw.moe_flops_per_s or hw.flops_per_s))
+    )
+    compute_s += t.attention_flops_per_context_token * shape.context_tokens * (shape.k + 1) / hw.flops_per_s
+    target = max(memory_s, compute_s) + (1.0 - hw.overlap) * min(memory_s, compute_s)
+    target += tokens * t.comm_s_per_token + queries * t.sample_s_per_token + t.step_overhead_s
     drafter = 0.0
     if shape.k > 0 and shape.decode_seqs > 0:
         d = profile.drafter

@@ -17,7 +17,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-bench_app = typer.Typer(help="Benchmarks: speculation policies (virtual time) and the gateway's cost (real time).")
+bench_app = typer.Typer(help="Benchmarks and load checks: speculation policies in virtual time, the gateway's cost, …")
 DEFAULT_OUT = Path("docs/benchmarks")
 
 
@@ -34,11 +34,16 @@ def policies(
     processes: Annotated[int, typer.Option(min=1, help="Worker processes running policies in parallel.")] = 2,
 ) -> None:
     """Compare static k, vLLM's batch-size table, a threshold gate, the controller and the oracle."""
-    from bench import report
+    from bench import report, targets
     from bench.scenario import load_scenarios
     from bench.suite import STATIC_KS, run_suite
+    from fleet.config import ConfigError
 
-    scenarios = load_scenarios(scenario_dir, scenario or None)
+    try:
+        scenarios = load_scenarios(scenario_dir, scenario or None)
+    except ConfigError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
     if scale != 1.0:
         scenarios = [s.scaled(scale) for s in scenarios]
     total = len(scenarios) * (len(STATIC_KS) + 4)
@@ -50,8 +55,8 @@ def policies(
             scenarios, processes=processes, progress=lambda m: bar.update(task, advance=1, description=m)
         )
     path = report.write(result, out, command=_command_line())
-    passed = sum(c.met for c in report.checks(result))
-    console.print(f"wrote {path} ({passed}/{len(report.checks(result))} target checks met)")
+    passed = sum(c.met for c in targets.checks(result))
+    console.print(f"wrote {path} ({passed}/{len(targets.checks(result))} target checks met)")
 
 
 @bench_app.command("gateway")

@@ -16,7 +16,7 @@ from bench.virtual_speed import TARGET_RATIO, best_of
 from fleet.config import ConfigError
 from fleet.perf import Profile, load_profile
 from workers.sim.arrivals import Lengths, WorkloadMix
-from workers.sim.crossover import crossover_rows
+from workers.sim.crossover import BEST_K_CONTEXT_TOKENS, best_k_rows, crossover_rows
 from workers.sim.figures import GENERAL_MIX, TOLERANCE, simulate_figures
 
 ProfileOption = Annotated[
@@ -41,7 +41,8 @@ def figures_command(
     profile: ProfileOption = "kimi-k3-dspark-tp16",
     seed: Annotated[int, typer.Option(help="Seed of the virtual-time runs.")] = 1,
     crossover: Annotated[
-        bool, typer.Option("--crossover", help="Also print where k=8 stops paying, by batch size (analytic).")
+        bool,
+        typer.Option("--crossover", help="Also print where k=8 stops paying and the best k, by batch size (analytic)."),
     ] = False,
 ) -> None:
     """Re-run every published figure's scenario in virtual time; exit 1 if any misses ±10 %."""
@@ -75,6 +76,20 @@ def _print_crossover(console: Console, profile: Profile) -> None:
         cells = [f"{s:.2f}" for s in row.speedups]
         loses = "never" if row.loses_from is None else str(row.loses_from)
         table.add_row(row.name, f"{row.tokens_per_step:.2f}", *cells, loses)
+    console.print(table)
+    best = best_k_rows(profile, mixes)
+    most = profile.hardware.kv_capacity_tokens // BEST_K_CONTEXT_TOKENS
+    table = Table(
+        title=f"Best k × its gain over k=0, by decode batch (context {BEST_K_CONTEXT_TOKENS} tokens)",
+        caption=f"KV capacity admits at most {most} sequences of this context per worker",
+    )
+    table.add_column("workload")
+    for b in best[0].batches:
+        table.add_column(str(b), justify="right")
+    table.add_column("k=0 from", justify="right")
+    for brow in best:
+        cells = [f"{k}×{g:.2f}" for k, g in zip(brow.best_k, brow.gains, strict=True)]
+        table.add_row(brow.name, *cells, "never" if brow.off_from is None else str(brow.off_from))
     console.print(table)
 
 

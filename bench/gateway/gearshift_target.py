@@ -2,21 +2,20 @@
 limits and budget on a real Redis, routing, metering to the Redis ledger, Prometheus metrics.
 
 The bench's fleet is one worker (the fake upstream); its tenant has limits far above the offered load, so
-every request pays for the limit checks without being refused. Run as
-``python -m bench.gateway.gearshift_target --port N --upstream URL --redis-url URL``.
+every request pays for the limit checks without being refused. The gateway runs as ``gearshift gateway``
+with ``GEARSHIFT_FLEET_FILE``, ``GEARSHIFT_TENANTS_FILE`` and ``GEARSHIFT_REDIS_URL`` pointing at the bench's.
 """
 
 from __future__ import annotations
 
-import argparse
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import uvicorn
+import yaml
 
-from bench.gateway.procs import free_port, python_module, start, wait_http_ready
+from bench.gateway.procs import free_port, start, wait_http_ready
 from bench.gateway.targets import Target
-from fleet.clock import SystemClock
 from fleet.config import (
     ApiKeyConfig,
     DrafterConfig,
@@ -29,7 +28,6 @@ from fleet.config import (
     WorkerKind,
     key_digest,
 )
-from fleet.store_factory import build_store
 
 BENCH_KEY = "gs-bench-key"
 """The benchmark tenant's API key (loopback only)."""
@@ -62,50 +60,34 @@ def bench_tenants(pepper: str) -> TenantsConfig:
     )
 
 
-async def _serve(port: int, upstream: str, redis_url: str) -> None:
-    from gateway.app import create_app
-    from gateway.settings import GatewaySettings
-
-    settings = GatewaySettings(port=port, redis_url=redis_url, send_priority=False)
-    clock = SystemClock()
-    store = build_store(settings, clock=clock)
-    app = create_app(
-        settings,
-        store=store,
-        clock=clock,
-        fleet=bench_fleet(upstream),
-        tenants=bench_tenants(settings.key_pepper.get_secret_value()),
-    )
-    config = uvicorn.Config(
-        app, host="127.0.0.1", port=port, loop="none", http="httptools", access_log=False, log_level="warning"
-    )
-    try:
-        await uvicorn.Server(config).serve()
-    finally:
-        await store.close()
-
-
-def main(argv: list[str] | None = None) -> None:
-    import uvloop
-
-    parser = argparse.ArgumentParser(description="The gearshift gateway configured for the benchmark.")
-    parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--upstream", required=True)
-    parser.add_argument("--redis-url", required=True)
-    args = parser.parse_args(argv)
-    uvloop.run(_serve(args.port, args.upstream, args.redis_url))
+def write_config(directory: Path, *, upstream: str, pepper: str) -> tuple[Path, Path]:
+    """The bench's fleet and tenants files, as an operator would write them; returns their paths."""
+    directory.mkdir(parents=True, exist_ok=True)
+    fleet_path, tenants_path = directory / "bench-fleet.yaml", directory / "bench-tenants.yaml"
+    fleet_path.write_text(yaml.safe_dump(bench_fleet(upstream).model_dump(mode="json"), sort_keys=False))
+    tenants_path.write_text(yaml.safe_dump(bench_tenants(pepper).model_dump(mode="json"), sort_keys=False))
+    return fleet_path, tenants_path
 
 
 @dataclass(frozen=True)
 class GearshiftLauncher:
+    """``gearshift gateway`` exactly as deployed (its own CLI and server), configured by files and env."""
+
     name: str = "gearshift"
 
     def launch(self, *, upstream: str, redis_url: str, cpu: int | None, log_dir: Path) -> Target:
         port = free_port()
-        argv = python_module(
-            "bench.gateway.gearshift_target", "--port", str(port), "--upstream", upstream, "--redis-url", redis_url
-        )
-        child = start(self.name, argv, cpu=cpu, log_dir=log_dir)
+        pepper = "gearshift-bench-pepper"
+        fleet_path, tenants_path = write_config(log_dir, upstream=upstream, pepper=pepper)
+        env = {
+            "GEARSHIFT_FLEET_FILE": str(fleet_path),
+            "GEARSHIFT_TENANTS_FILE": str(tenants_path),
+            "GEARSHIFT_REDIS_URL": redis_url,
+            "GEARSHIFT_KEY_PEPPER": pepper,
+            "GEARSHIFT_LOG_LEVEL": "WARNING",
+        }
+        argv = [sys.executable, "-c", "from gearshift.cli import main; main()", "gateway", "--port", str(port)]
+        child = start(self.name, argv, cpu=cpu, log_dir=log_dir, env=env)
         base = f"http://127.0.0.1:{port}"
         wait_http_ready(child, base + "/v1/models", headers={"Authorization": f"Bearer {BENCH_KEY}"}, timeout_s=60)
         return Target(
@@ -113,9 +95,5 @@ class GearshiftLauncher:
             base,
             api_key=BENCH_KEY,
             child=child,
-            note="gearshift gateway: auth, limits + budget on Redis, routing, metering, metrics",
+            note="`gearshift gateway`: auth, limits + budget on Redis, routing, metering, metrics",
         )
-
-
-if __name__ == "__main__":
-    main()

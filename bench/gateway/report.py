@@ -211,6 +211,8 @@ def _profile_section(result: GatewayBenchResult) -> list[str]:
     ]
     for p in result.profiles:
         lines += [f"### {p.target}: {p.samples} samples, idle {100 * p.idle_share:.0f} %", ""]
+        top = ", ".join(f"{k} {100 * v:.0f} %" for k, v in list(p.inclusive.items())[:4])
+        lines += [f"Most samples were inside: {top}.", ""]
         rows = [[k, f"{100 * v:.1f} %"] for k, v in p.inclusive.items()]
         lines += [table(["component", "samples inside"], rows, align="lr"), ""]
         rows = [[f"`{k}`", f"{100 * v:.1f} %"] for k, v in p.top_self]

@@ -106,28 +106,27 @@ def _first_chunk(target: Target, *, duration_s: float, cpu: int | None) -> First
     return FirstChunkResult(**json.loads(done.stdout.strip().splitlines()[-1]))
 
 
-def _profile(target: Target, *, config: GatewayBenchConfig, script: Path, cpu: int | None, work: Path) -> list[str]:
-    """py-spy on ``target`` while wrk drives it at the highest concurrency, half plain, half streaming."""
-    assert target.child is not None
-    out = work / f"profile-{target.name}.txt"
-    rate = 200
-    recorder = profiling.record(target.child.pid, duration_s=config.profile_s, out=out, rate_hz=rate)
-    c = max(config.concurrencies)
-    for mode in MODES:
-        body = chat_body(stream=mode == "stream")
-        run_wrk(
-            target.chat_url,
-            script=script,
-            body=body,
-            connections=c,
-            duration_s=config.profile_s / 2,
-            api_key=target.api_key,
-            cpu=cpu,
-        )
-    _, err = recorder.communicate(timeout=config.profile_s + 60)
-    if not out.exists():
-        raise BenchProcessError(f"py-spy on {target.name}: no output: {err.decode(errors='replace')[-1000:]}")
-    return [out.read_text(), str(round(config.profile_s * rate))]
+def _start_targets(
+    launchers: Sequence[TargetLauncher],
+    upstream: Target,
+    redis_url: str,
+    result: GatewayBenchResult,
+    *,
+    cpu: int | None,
+    logs: Path,
+    progress: Progress,
+) -> list[Target]:
+    started = []
+    for launcher in launchers:
+        progress(f"starting {launcher.name}")
+        try:
+            target = launcher.launch(upstream=upstream.base_url, redis_url=redis_url, cpu=cpu, log_dir=logs)
+        except (BenchProcessError, OSError, ValueError) as exc:
+            result.failures.append(f"{launcher.name}: could not start: {exc}")
+            continue
+        started.append(target)
+        result.targets.append((target.name, target.note))
+    return started
 
 
 def run(
@@ -142,7 +141,6 @@ def run(
     work = work_dir or Path(tempfile.mkdtemp(prefix="gearshift-bench-gw-"))
     logs = work / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    script = write_script(work)
     started: list[Target] = []
     redis_child = None
     try:
@@ -150,28 +148,16 @@ def run(
         started.append(upstream)
         redis_child, redis_url = start_redis(cpu=place.load_cpu, log_dir=logs)
         result = GatewayBenchResult(placement=place, targets=[(upstream.name, upstream.note)], config=config)
-        targets = [upstream]
-        for launcher in launchers:
-            progress(f"starting {launcher.name}")
-            try:
-                target = launcher.launch(
-                    upstream=upstream.base_url, redis_url=redis_url, cpu=place.proxy_cpu, log_dir=logs
-                )
-            except (BenchProcessError, OSError, ValueError) as exc:
-                result.failures.append(f"{launcher.name}: could not start: {exc}")
-                continue
-            started.append(target)
-            targets.append(target)
-            result.targets.append((target.name, target.note))
-        _measure_all(targets, result, config=config, script=script, cpu=place.load_cpu, progress=progress)
-        for target in targets:
-            if target.name in config.profile_targets and config.profile_s > 0 and target.child is not None:
-                progress(f"profiling {target.name} with py-spy")
-                try:
-                    raw, expected = _profile(target, config=config, script=script, cpu=place.load_cpu, work=work)
-                    result.profiles.append(profiling.summarise(raw, target=target.name, expected_samples=int(expected)))
-                except (BenchProcessError, OSError, subprocess.TimeoutExpired) as exc:
-                    result.failures.append(f"{target.name}: profiling failed: {exc}")
+        started += _start_targets(
+            launchers, upstream, redis_url, result, cpu=place.proxy_cpu, logs=logs, progress=progress
+        )
+        driver = _Driver(result, config, write_script(work), place.load_cpu, progress)
+        answering = driver.warm_up(started)
+        driver.measure(answering)
+        driver.first_chunks(answering)
+        for target in answering:
+            if target.name in config.profile_targets and config.profile_s > 0:
+                driver.profile(target, work)
         return result
     finally:
         for target in reversed(started):
@@ -180,59 +166,81 @@ def run(
             redis_child.stop()
 
 
-def _measure_all(
-    targets: list[Target],
-    result: GatewayBenchResult,
-    *,
-    config: GatewayBenchConfig,
-    script: Path,
-    cpu: int | None,
-    progress: Progress,
-) -> None:
-    broken: set[str] = set()
-    for target in targets:
-        progress(f"warming up {target.name}")
-        for mode in MODES:
-            try:
-                run_wrk(
-                    target.chat_url,
-                    script=script,
-                    body=chat_body(stream=mode == "stream"),
-                    connections=16,
-                    duration_s=config.warmup_s,
-                    api_key=target.api_key,
-                    cpu=cpu,
-                )
-            except BenchProcessError as exc:
-                result.failures.append(f"{target.name}: warm-up failed: {exc}")
-                broken.add(target.name)
-    for mode in MODES:
+@dataclass
+class _Driver:
+    """Drives wrk and the first-chunk client from the load CPU and files results and failures."""
+
+    result: GatewayBenchResult
+    config: GatewayBenchConfig
+    script: Path
+    cpu: int | None
+    progress: Progress
+
+    def load(self, target: Target, mode: Mode, connections: int, seconds: float) -> WrkResult:
         body = chat_body(stream=mode == "stream")
-        for c in config.concurrencies:
-            for target in targets:
-                if target.name in broken:
-                    continue
-                progress(f"{mode} c={c} → {target.name}")
-                try:
-                    wrk = run_wrk(
-                        target.chat_url,
-                        script=script,
-                        body=body,
-                        connections=c,
-                        duration_s=config.duration_s,
-                        api_key=target.api_key,
-                        cpu=cpu,
-                    )
-                except BenchProcessError as exc:
-                    result.failures.append(f"{target.name}: {mode} c={c}: {exc}")
-                    continue
-                result.measurements.append(Measurement(target.name, mode, c, wrk))
-                time.sleep(0.2)  # let the sockets of the last run close before the next one
-    for target in targets:
-        if target.name in broken:
-            continue
-        progress(f"time to first chunk → {target.name}")
+        return run_wrk(
+            target.chat_url,
+            script=self.script,
+            body=body,
+            connections=connections,
+            duration_s=seconds,
+            api_key=target.api_key,
+            cpu=self.cpu,
+        )
+
+    def warm_up(self, targets: list[Target]) -> list[Target]:
+        """Warm every target up (connections, pools, caches); returns those that answered."""
+        ok = []
+        for target in targets:
+            self.progress(f"warming up {target.name}")
+            try:
+                for mode in MODES:
+                    self.load(target, mode, 16, self.config.warmup_s)
+            except BenchProcessError as exc:
+                self.result.failures.append(f"{target.name}: warm-up failed: {exc}")
+                continue
+            ok.append(target)
+        return ok
+
+    def measure(self, targets: list[Target]) -> None:
+        for mode in MODES:
+            for c in self.config.concurrencies:
+                for target in targets:
+                    self.progress(f"{mode} c={c} → {target.name}")
+                    try:
+                        wrk = self.load(target, mode, c, self.config.duration_s)
+                    except BenchProcessError as exc:
+                        self.result.failures.append(f"{target.name}: {mode} c={c}: {exc}")
+                        continue
+                    self.result.measurements.append(Measurement(target.name, mode, c, wrk))
+                    time.sleep(0.2)  # let the last run's sockets close before the next one starts
+
+    def first_chunks(self, targets: list[Target]) -> None:
+        for target in targets:
+            self.progress(f"time to first chunk → {target.name}")
+            try:
+                self.result.first_chunk[target.name] = _first_chunk(
+                    target, duration_s=self.config.ttfc_duration_s, cpu=self.cpu
+                )
+            except (BenchProcessError, subprocess.TimeoutExpired, ValueError) as exc:
+                self.result.failures.append(f"{target.name}: first chunk: {exc}")
+
+    def profile(self, target: Target, work: Path, rate_hz: int = 200) -> None:
+        """py-spy on ``target`` while wrk drives it at the highest concurrency, half plain, half streaming."""
+        if target.child is None:
+            return
+        self.progress(f"profiling {target.name} with py-spy")
+        out = work / f"profile-{target.name}.txt"
+        seconds = self.config.profile_s
         try:
-            result.first_chunk[target.name] = _first_chunk(target, duration_s=config.ttfc_duration_s, cpu=cpu)
-        except (BenchProcessError, subprocess.TimeoutExpired, ValueError) as exc:
-            result.failures.append(f"{target.name}: first chunk: {exc}")
+            recorder = profiling.record(target.child.pid, duration_s=seconds, out=out, rate_hz=rate_hz)
+            for mode in MODES:
+                self.load(target, mode, max(self.config.concurrencies), seconds / 2)
+            _, err = recorder.communicate(timeout=seconds + 60)
+            if not out.exists():
+                raise BenchProcessError(f"py-spy: no output: {err.decode(errors='replace')[-1000:]}")
+        except (BenchProcessError, OSError, subprocess.TimeoutExpired) as exc:
+            self.result.failures.append(f"{target.name}: profiling failed: {exc}")
+            return
+        summary = profiling.summarise(out.read_text(), target=target.name, expected_samples=round(seconds * rate_hz))
+        self.result.profiles.append(summary)

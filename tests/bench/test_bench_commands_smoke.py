@@ -5,11 +5,13 @@ Timings are never asserted: the machine running the suite is not the benchmark m
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
+from bench.gateway.targets import CommandLauncher
 from bench.markdown import parse_table
 from gearshift.cli import app
 
@@ -78,35 +80,29 @@ def test_bench_policies_smoke(tmp_path: Path) -> None:
 
 @pytest.mark.redis
 def test_bench_gateway_smoke(tmp_path: Path) -> None:
-    result = CliRunner().invoke(
-        app,
-        [
-            "bench",
-            "gateway",
-            "--out",
-            str(tmp_path),
-            "--duration",
-            "1",
-            "--concurrency",
-            "1",
-            "--profile-seconds",
-            "0",
-            "--ttfc-seconds",
-            "0.5",
-        ],
-    )
+    other = f"floor2={sys.executable} -m bench.gateway.passthrough --port {{port}} --upstream {{upstream}}"
+    args = ["bench", "gateway", "--out", str(tmp_path), "--duration", "1", "--concurrency", "1",
+            "--profile-seconds", "0", "--ttfc-seconds", "0.5", "--proxy-cmd", other]  # fmt: skip
+    result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     md = (tmp_path / "gateway.md").read_text()
+    targets = ("direct", "passthrough", "gearshift", "floor2")
     header, rows = parse_table(md, "### Throughput and latency table")
     assert header[:4] == ["mode", "c", "target", "req/s"]
-    assert {(r[0], r[2]) for r in rows} == {
-        (mode, target) for mode in ("json", "stream") for target in ("direct", "passthrough", "gearshift")
-    }
+    assert {(r[0], r[2]) for r in rows} == {(mode, t) for mode in ("json", "stream") for t in targets}
     assert all(r[-1] == "0" for r in rows), "no request may fail"
     _, rows = parse_table(md, "### Time to first chunk table")
-    assert {r[0] for r in rows} == {"direct", "passthrough", "gearshift"}
-    assert all(int(r[1]) > 0 and r[-1] == "0" for r in rows)
+    assert {r[0] for r in rows} == set(targets)
+    assert all(int(r[1]) > 0 for r in rows)
+    assert all(r[-1] == "0" for r in rows)
     _, rows = parse_table(md, "### Targets table")
-    assert {r[0] for r in rows} == {"passthrough", "gearshift"}
+    assert {r[0] for r in rows} == {"passthrough", "gearshift", "floor2"}
     assert "## Failures" not in md
     _assert_pngs(md, tmp_path, 2)
+
+
+def test_proxy_command_spec_parsing() -> None:
+    named = CommandLauncher.parse("nginx=nginx -c /x.conf -g 'daemon off;'", 1)
+    assert (named.name, named.command) == ("nginx", "nginx -c /x.conf -g 'daemon off;'")
+    anonymous = CommandLauncher.parse("litellm --port {port}", 2)
+    assert (anonymous.name, anonymous.command) == ("proxy-2", "litellm --port {port}")

@@ -1,13 +1,15 @@
 """A pure-Python build of the kustomize subset deploy/kubernetes uses, so tests need no kubectl.
 
 Supported: ``resources`` (files and directories with a kustomization), ``namespace``, ``labels`` (metadata
-only), ``configMapGenerator`` with ``files`` and ``behavior: merge``, ``generatorOptions:
+only), ``configMapGenerator`` with ``files`` and ``behavior: merge``, ``secretGenerator`` with ``envs``
+(base64 ``data``, type Opaque, as kustomize writes it), ``generatorOptions:
 {disableNameSuffixHash: true}`` and ``images``. Any other key fails the build, so the manifests cannot start
 relying on a feature this builder would silently ignore (and so diverge from what ``kubectl apply -k`` does).
 """
 
 from __future__ import annotations
 
+import base64
 import copy
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,16 +18,8 @@ from typing import Any
 import yaml
 
 Resource = dict[str, Any]
-SUPPORTED = {
-    "apiVersion",
-    "kind",
-    "namespace",
-    "labels",
-    "resources",
-    "configMapGenerator",
-    "generatorOptions",
-    "images",
-}
+SUPPORTED = {"apiVersion", "kind", "namespace", "labels", "resources", "images"}
+SUPPORTED |= {"configMapGenerator", "secretGenerator", "generatorOptions"}
 CLUSTER_SCOPED = {"Namespace"}
 
 
@@ -58,6 +52,25 @@ def _generate_configmaps(root: Path, spec: dict[str, Any], resources: list[Resou
             raise KustomizeError(f"{root}: configMapGenerator behavior {behavior!r} is not supported here")
 
 
+def _env_file(path: Path) -> dict[str, str]:
+    """A kustomize ``envs`` file: ``KEY=VALUE`` lines, ``#`` comments and blank lines skipped."""
+    if not path.is_file():
+        raise KustomizeError(f"{path}: no such file (secretGenerator envs)")
+    pairs = [line.split("=", 1) for line in path.read_text().splitlines() if line.strip() and not line.startswith("#")]
+    return {key.strip(): value for key, value in pairs}
+
+
+def _generate_secrets(root: Path, spec: dict[str, Any], resources: list[Resource]) -> None:
+    for gen in spec.get("secretGenerator", []):
+        if set(gen) - {"name", "envs"}:
+            raise KustomizeError(f"{root}: secretGenerator {gen['name']}: only `envs` is supported here")
+        data = {k: v for env in gen["envs"] for k, v in _env_file(root / env).items()}
+        encoded = {k: base64.b64encode(v.encode()).decode() for k, v in data.items()}
+        resources.append(
+            {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": gen["name"]}, "type": "Opaque", "data": encoded}
+        )
+
+
 def _containers(resource: Resource) -> Iterator[dict[str, Any]]:
     for spec in pod_specs(resource):
         yield from spec.get("containers", [])
@@ -78,13 +91,15 @@ def build(root: Path) -> list[Resource]:
     unknown = set(spec) - SUPPORTED
     if unknown:
         raise KustomizeError(f"{root}/kustomization.yaml: unsupported keys {sorted(unknown)}")
-    if spec.get("configMapGenerator") and not spec.get("generatorOptions", {}).get("disableNameSuffixHash"):
+    generates = spec.get("configMapGenerator") or spec.get("secretGenerator")
+    if generates and not spec.get("generatorOptions", {}).get("disableNameSuffixHash"):
         raise KustomizeError(f"{root}: generated names must not carry a hash suffix (references are not rewritten)")
     resources: list[Resource] = []
     for entry in spec.get("resources", []):
         path = root / entry
         resources += build(path) if path.is_dir() else [copy.deepcopy(d) for d in load_documents(path)]
     _generate_configmaps(root, spec, resources)
+    _generate_secrets(root, spec, resources)
     _set_images(spec, resources)
     for resource in resources:
         meta = resource.setdefault("metadata", {})

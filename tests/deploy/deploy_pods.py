@@ -8,6 +8,7 @@ test can run the real CLI and settings classes on exactly what the pod would see
 
 from __future__ import annotations
 
+import base64
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -51,7 +52,8 @@ def pods(resource: Resource) -> Iterator[Pod]:
 def secret_value(resources: list[Resource], name: str, key: str) -> str:
     for r in resources:
         if r["kind"] == "Secret" and r["metadata"]["name"] == name:
-            data = {**r.get("data", {}), **r.get("stringData", {})}
+            data = {k: base64.b64decode(v).decode() for k, v in r.get("data", {}).items()}
+            data |= r.get("stringData", {})
             assert key in data, f"Secret {name} has no key {key!r}"
             return str(data[key])
     raise AssertionError(f"Secret {name!r} is referenced but not defined")

@@ -4,6 +4,8 @@ every gearshift container runs a real sub-command with settings, ports and probe
 from __future__ import annotations
 
 import functools
+import shutil
+from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
@@ -20,7 +22,7 @@ from deploy_contracts import (
     served_paths,
     settings_class,
 )
-from deploy_kustomize import Resource, build, pod_specs
+from deploy_kustomize import KustomizeError, Resource, build, pod_specs
 from deploy_pods import Pod, container_args, container_env, container_ports, pods
 from typer.testing import CliRunner
 
@@ -37,9 +39,18 @@ LWS_SPEC_KEYS = {"replicas", "leaderWorkerTemplate", "startupPolicy", "rolloutSt
 LWS_TEMPLATE_KEYS = {"size", "leaderTemplate", "workerTemplate", "restartPolicy", "subGroupPolicy"}
 
 
+@pytest.fixture(scope="module")
+def k8s(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of deploy/kubernetes with base/secrets.env made from the committed example (as an operator would)."""
+    root = tmp_path_factory.mktemp("kubernetes")
+    shutil.copytree(K8S, root, dirs_exist_ok=True)
+    shutil.copy(root / "base" / "secrets.env.example", root / "base" / "secrets.env")
+    return root
+
+
 @functools.cache
-def built(overlay: str) -> tuple[Resource, ...]:
-    return tuple(build(K8S / overlay))
+def built(root: Path, overlay: str) -> tuple[Resource, ...]:
+    return tuple(build(root / overlay))
 
 
 def of_kind(resources: tuple[Resource, ...], *kinds: str) -> list[Resource]:
@@ -82,9 +93,22 @@ def validate_leaderworkerset(lws: Resource) -> None:
 
 
 # --------------------------------------------------------------------------------------------------- schema
+def test_secrets_come_from_an_uncommitted_env_file_with_every_key_the_manifests_use(k8s: Path) -> None:
+    (secret,) = of_kind(built(k8s, "sim"), "Secret")
+    example = K8S / "base" / "secrets.env.example"
+    keys = {line.split("=")[0] for line in example.read_text().splitlines() if line and not line.startswith("#")}
+    assert set(secret["data"]) == keys
+    assert (K8S / "base" / ".gitignore").read_text().split() == ["secrets.env"]
+    bare = k8s.parent / "without-secrets"
+    shutil.copytree(K8S, bare)
+    (bare / "base" / "secrets.env").unlink(missing_ok=True)
+    with pytest.raises(KustomizeError, match=r"secrets\.env"):
+        build(bare / "sim")
+
+
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_every_resource_validates_against_the_strict_kubernetes_schema(overlay: str) -> None:
-    resources = built(overlay)
+def test_every_resource_validates_against_the_strict_kubernetes_schema(k8s: Path, overlay: str) -> None:
+    resources = built(k8s, overlay)
     kinds = {r["kind"] for r in resources}
     assert {"Deployment", "Service", "HorizontalPodAutoscaler", "PodDisruptionBudget", "Secret"} <= kinds
     for resource in resources:
@@ -94,8 +118,8 @@ def test_every_resource_validates_against_the_strict_kubernetes_schema(overlay: 
             kubernetes_validate.validate(resource, KUBERNETES_VERSION, strict=True)
 
 
-def test_the_validator_rejects_a_misspelt_field() -> None:
-    deployment = named(built("sim"), "Deployment", "gateway")
+def test_the_validator_rejects_a_misspelt_field(k8s: Path) -> None:
+    deployment = named(built(k8s, "sim"), "Deployment", "gateway")
     broken = yaml.safe_load(yaml.safe_dump(deployment))
     broken["spec"]["template"]["spec"]["containers"][0]["readinesProbe"] = {"httpGet": {"path": "/readyz"}}
     with pytest.raises(kubernetes_validate.ValidationError, match="readinesProbe"):
@@ -104,8 +128,8 @@ def test_the_validator_rejects_a_misspelt_field() -> None:
 
 # ------------------------------------------------------------------------------------------ cross-references
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_selectors_match_pod_labels_and_service_ports_exist(overlay: str) -> None:
-    resources = built(overlay)
+def test_selectors_match_pod_labels_and_service_ports_exist(k8s: Path, overlay: str) -> None:
+    resources = built(k8s, overlay)
     all_pods = [pod for r in of_kind(resources, *WORKLOADS) for pod in pods(r)]
     for workload in of_kind(resources, "Deployment", "StatefulSet"):
         selector = workload["spec"]["selector"]["matchLabels"]
@@ -124,6 +148,7 @@ def test_selectors_match_pod_labels_and_service_ports_exist(overlay: str) -> Non
     for hpa in of_kind(resources, "HorizontalPodAutoscaler"):
         ref = hpa["spec"]["scaleTargetRef"]
         target = named(resources, ref["kind"], ref["name"])
+        assert "replicas" not in target["spec"], f"{ref['name']}: the HPA owns the replica count"
         requests = [c["resources"]["requests"] for c in target["spec"]["template"]["spec"]["containers"]]
         assert all("cpu" in r for r in requests), "a CPU-utilisation HPA needs CPU requests"
     for sts in of_kind(resources, "StatefulSet"):
@@ -132,8 +157,10 @@ def test_selectors_match_pod_labels_and_service_ports_exist(overlay: str) -> Non
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_every_image_is_pinned_and_every_gearshift_process_is_checked(overlay: str) -> None:
-    images = [c["image"] for r in of_kind(built(overlay), *WORKLOADS) for s in pod_specs(r) for c in s["containers"]]
+def test_every_image_is_pinned_and_every_gearshift_process_is_checked(k8s: Path, overlay: str) -> None:
+    images = [
+        c["image"] for r in of_kind(built(k8s, overlay), *WORKLOADS) for s in pod_specs(r) for c in s["containers"]
+    ]
     for image in images:
         name, _, tag = image.rpartition(":")
         assert name, f"{image}: no tag (an overlay lacks its `images` entry?)"
@@ -142,8 +169,8 @@ def test_every_image_is_pinned_and_every_gearshift_process_is_checked(overlay: s
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_secrets_configmaps_and_claims_referenced_exist(overlay: str) -> None:
-    resources = built(overlay)
+def test_secrets_configmaps_and_claims_referenced_exist(k8s: Path, overlay: str) -> None:
+    resources = built(k8s, overlay)
     for workload in of_kind(resources, *WORKLOADS):
         for spec in pod_specs(workload):
             for volume in spec.get("volumes", []):
@@ -158,8 +185,8 @@ def test_secrets_configmaps_and_claims_referenced_exist(overlay: str) -> None:
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_config_files_in_the_configmap_are_valid(overlay: str) -> None:
-    resources = built(overlay)
+def test_config_files_in_the_configmap_are_valid(k8s: Path, overlay: str) -> None:
+    resources = built(k8s, overlay)
     fleet = parse_model(FleetConfig, config_file(resources, "fleet.yaml"), source="fleet.yaml")
     parse_model(TenantsConfig, config_file(resources, "tenants.yaml"), source="tenants.yaml")
     assert fleet.workers
@@ -167,8 +194,8 @@ def test_config_files_in_the_configmap_are_valid(overlay: str) -> None:
 
 # ------------------------------------------------------------------------------------ containers vs the code
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_containers_run_real_subcommands_with_settings_the_code_reads(overlay: str) -> None:
-    resources = built(overlay)
+def test_containers_run_real_subcommands_with_settings_the_code_reads(k8s: Path, overlay: str) -> None:
+    resources = built(k8s, overlay)
     containers = gearshift_containers(resources)
     assert {c["name"] for _, c in containers} >= {"gateway", "controller"}
     fleet = parse_model(FleetConfig, config_file(resources, "fleet.yaml"), source="fleet.yaml")
@@ -204,9 +231,9 @@ def test_containers_run_real_subcommands_with_settings_the_code_reads(overlay: s
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_fleet_urls_name_worker_pods_through_headless_services(overlay: str) -> None:
+def test_fleet_urls_name_worker_pods_through_headless_services(k8s: Path, overlay: str) -> None:
     """Each worker's id is its pod's name (Prometheus's `worker` label) and its URL reaches that pod."""
-    resources = built(overlay)
+    resources = built(k8s, overlay)
     fleet = parse_model(FleetConfig, config_file(resources, "fleet.yaml"), source="fleet.yaml")
     for worker in fleet.workers:
         host, port = worker.url.removeprefix("http://").split(":")
@@ -232,16 +259,31 @@ def test_fleet_urls_name_worker_pods_through_headless_services(overlay: str) -> 
             assert service_name == owner["metadata"]["name"]
 
 
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_podmonitor_scrapes_exactly_the_pods_that_serve_metrics(k8s: Path, overlay: str) -> None:
+    (monitor,) = [r for r in build(k8s / "monitoring") if r["kind"] == "PodMonitor"]
+    (expression,) = monitor["spec"]["selector"]["matchExpressions"]
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    for workload in of_kind(built(k8s, overlay), *WORKLOADS):
+        for pod in pods(workload):
+            selected = pod.labels.get(expression["key"]) in expression["values"]
+            annotated = pod.annotations.get("prometheus.io/scrape") == "true"
+            assert selected == annotated, f"{pod.name}: PodMonitor and scrape annotations disagree"
+            if selected:
+                assert endpoint["port"] in container_ports(pod.spec)
+                assert endpoint["path"] == pod.annotations["prometheus.io/path"]
+
+
 # -------------------------------------------------------------------------------------------- Kimi K3 + vLLM
-def test_kimi_overlay_runs_the_recipe_of_deploy_fleets() -> None:
+def test_kimi_overlay_runs_the_recipe_of_deploy_fleets(k8s: Path) -> None:
     recipe = yaml.safe_load((ROOT / "deploy" / "fleets" / "kimi-k3-dspark.yaml").read_text())
-    overlay = config_file(built("kimi-k3"), "fleet.yaml")
+    overlay = config_file(built(k8s, "kimi-k3"), "fleet.yaml")
     strip = lambda fleet: {**fleet, "workers": [{**w, "url": None} for w in fleet["workers"]]}  # noqa: E731
     assert strip(overlay) == strip(recipe)
 
 
-def test_each_worker_group_is_one_tp16_engine_over_two_eight_gpu_pods() -> None:
-    resources = built("kimi-k3")
+def test_each_worker_group_is_one_tp16_engine_over_two_eight_gpu_pods(k8s: Path) -> None:
+    resources = built(k8s, "kimi-k3")
     lws = named(resources, "LeaderWorkerSet", "kimi-k3")
     fleet = parse_model(FleetConfig, config_file(resources, "fleet.yaml"), source="fleet.yaml")
     size = lws["spec"]["leaderWorkerTemplate"]["size"]
@@ -257,7 +299,7 @@ def test_each_worker_group_is_one_tp16_engine_over_two_eight_gpu_pods() -> None:
         assert gpus * size == worker.tensor_parallel_size == worker.gpus
         config = {m["mountPath"]: m for m in container["volumeMounts"]}
         assert "/etc/gearshift" in config
-        fleet_path = K8S / "kimi-k3" / "fleet.yaml"
+        fleet_path = k8s / "kimi-k3" / "fleet.yaml"
         args = [a if a != "/etc/gearshift/fleet.yaml" else str(fleet_path) for a in args]
         result = CliRunner().invoke(_app(), [*argv[:2], *args, "--dry-run"], env=env)
         assert result.exit_code == 0, result.output

@@ -23,7 +23,9 @@ from fleet.store_memory import MemoryStore
 from gateway.metrics import GatewayMetrics
 from gateway.serve import GatewayServer
 from gateway.settings import GatewaySettings
+from gearshift.top import GatewayAdminStates, StoreStates
 from gearshift.top_model import Snapshot, WorkerSample, histogram_quantile, parse_gateway, tenant_rows, worker_rows
+from tests._net import free_port
 from workers.sim.server import SimServer
 from workers.sim.settings import SimWorkerSettings
 
@@ -86,6 +88,18 @@ def test_worker_rows_prefer_the_published_state_and_mark_silent_workers_down() -
     assert a.status == "ok"
     assert b.status == "down"
     assert b.tokens_per_s is None
+
+
+async def test_state_sources_read_the_store_and_survive_an_unreachable_gateway() -> None:
+    store = MemoryStore(clock=SystemClock())
+    await store.publish_worker_state(
+        WorkerState(worker_id="a", model="m", k_desired=4, k_applied=4, accepted_length=3.0), ttl_s=60
+    )
+    states, healthy = await StoreStates(store).states()
+    assert states["a"].k_desired == 4
+    assert healthy == {}
+    async with httpx.AsyncClient(timeout=2) as client:
+        assert await GatewayAdminStates(client, f"http://127.0.0.1:{free_port()}", "key").states() == ({}, {})
 
 
 # ---------------------------------------------------------------------------------------------- end to end

@@ -74,6 +74,65 @@ def test_kv_reads_grow_linearly_with_context_and_with_replicas() -> None:
     assert kv_part(DEFAULT, 100_000) == pytest.approx(DEFAULT.target.kv_read_replicas * kv_part(single, 100_000))
 
 
+def test_new_optional_terms_default_to_the_plain_max_roofline() -> None:
+    t, hw = DEFAULT.target, DEFAULT.hardware
+    assert (t.routed_active_params, t.attention_flops_per_context_token, t.sample_s_per_token) == (0, 0, 0)
+    assert (hw.moe_flops_per_s, hw.overlap) == (None, 1.0)
+
+
+def test_imperfect_overlap_adds_that_share_of_the_shorter_side() -> None:
+    shape = StepShape(decode_seqs=64, k=3, context_tokens=64 * 4000, prefill_tokens=2000)
+    ideal = profile_with(target={"comm_s_per_token": 0.0, "step_overhead_s": 0.0})
+    t, hw = ideal.target, ideal.hardware
+    memory = (t.dense_bytes + experts_touched(ideal, 2256) * t.expert_bytes) / hw.hbm_bytes_per_s
+    memory += 64 * 4000 * t.kv_bytes_per_token * t.kv_read_replicas / hw.hbm_bytes_per_s
+    compute = 2 * t.active_params * 2256 / hw.flops_per_s
+    for overlap in (1.0, 0.4, 0.0):
+        p = profile_with(target={"comm_s_per_token": 0.0, "step_overhead_s": 0.0}, hardware={"overlap": overlap})
+        expected = max(memory, compute) + (1 - overlap) * min(memory, compute)
+        assert step_time(p, shape).target_s == pytest.approx(expected)
+
+
+def test_routed_flops_run_at_the_grouped_gemm_rate() -> None:
+    routed = 5.6e10
+    slow = profile_with(
+        target={"comm_s_per_token": 0.0, "step_overhead_s": 0.0, "routed_active_params": routed},
+        hardware={"moe_flops_per_s": 1e15},
+    )
+    tokens = 1_000_000
+    got = step_time(slow, StepShape(0, 0, 0, prefill_tokens=tokens)).target_s
+    t, hw = slow.target, slow.hardware
+    assert got == pytest.approx(2 * tokens * ((t.active_params - routed) / hw.flops_per_s + routed / 1e15))
+
+
+def test_attention_flops_grow_with_context_and_with_the_verified_tokens() -> None:
+    p = profile_with(
+        target={"comm_s_per_token": 0.0, "step_overhead_s": 0.0, "attention_flops_per_context_token": 1e9},
+        hardware={"overlap": 0.0},
+    )
+
+    def attention_s(ctx: int, k: int) -> float:
+        return (
+            step_time(p, StepShape(1, k, ctx)).target_s
+            - step_time(p, StepShape(1, k, 0)).target_s
+            - (ctx * p.target.kv_bytes_per_token * p.target.kv_read_replicas / p.hardware.hbm_bytes_per_s)
+        )
+
+    assert attention_s(10_000, 0) == pytest.approx(1e9 * 10_000 / p.hardware.flops_per_s)
+    assert attention_s(20_000, 0) == pytest.approx(2 * attention_s(10_000, 0))
+    assert attention_s(10_000, 3) == pytest.approx(4 * attention_s(10_000, 0))
+
+
+def test_sampling_is_paid_per_verified_token_not_per_prefill_token() -> None:
+    p = profile_with(target={"sample_s_per_token": 1e-5})
+
+    def extra(shape: StepShape) -> float:
+        return step_time(p, shape).target_s - step_time(DEFAULT, shape).target_s
+
+    assert extra(StepShape(10, 3, 10_000)) == pytest.approx(40 * 1e-5)
+    assert extra(StepShape(0, 0, 0, prefill_tokens=5000)) == 0.0
+
+
 def test_drafter_is_nearly_flat_in_k_and_absent_without_speculation() -> None:
     drafter = [step_time(DEFAULT, StepShape(1, k, 2000)).drafter_s for k in range(9)]
     assert drafter[0] == 0.0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,19 @@ def procs(tmp_path: Path) -> Iterator[list[Proc]]:
     started: list[Proc] = []
     yield started
     for proc in reversed(started):
+        proc.stop()
+
+
+@pytest.fixture(scope="session")
+def shared_workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Proc]]:
+    """Two simulated worker processes (speedup 200) shared by the tests that neither kill, pause nor count on
+    them being idle."""
+    log_dir = tmp_path_factory.mktemp("shared-workers")
+    with ThreadPoolExecutor(2) as pool:
+        futures = [pool.submit(start_sim, f"shared-{i}", log_dir=log_dir, speedup=200.0, seed=i) for i in range(2)]
+    started = [f.result() for f in futures]
+    yield started
+    for proc in started:
         proc.stop()
 
 

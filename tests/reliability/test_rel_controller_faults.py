@@ -83,7 +83,9 @@ async def test_standby_takes_over_a_killed_leader_and_leases_expire_when_all_are
         renewed = (await c.get("/gearshift/v1/speculation")).json()
         await eventually(lambda: _lease_after(c, renewed["lease_expires_at"]), timeout_s=5)  # the standby renews
         spec_metrics = (await c.get("/metrics")).text
-        assert _metric(spec_metrics, "gearshift_worker_spec_lease_expired_total") == 0, "the lease lapsed in the handover"
+        assert _metric(spec_metrics, "gearshift_worker_spec_lease_expired_total") == 0, (
+            "the lease lapsed in the handover"
+        )
         assert ctl[standby].alive()
         assert took_over_s <= 2 * TIMING["leader_lease_s"] + 1.0
 

@@ -37,6 +37,9 @@ def test_the_fuzz_oracle_flags_server_errors_and_non_openai_error_bodies(status:
 def test_completion_bodies_are_added_only_where_the_schema_has_none() -> None:
     doc = {"paths": {"/v1/chat/completions": {"post": {}}, "/v1/completions": {"post": {"requestBody": {"x": 1}}}}}
     out = with_completion_bodies(doc)
-    assert out["paths"]["/v1/chat/completions"]["post"]["requestBody"]["content"]["application/json"]["schema"] == CHAT_BODY
+    assert (
+        out["paths"]["/v1/chat/completions"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+        == CHAT_BODY
+    )
     assert out["paths"]["/v1/completions"]["post"]["requestBody"] == {"x": 1}
     assert "requestBody" not in doc["paths"]["/v1/chat/completions"]["post"]

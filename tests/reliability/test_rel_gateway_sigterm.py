@@ -60,7 +60,9 @@ async def test_sigterm_stops_accepting_finishes_in_flight_streams_and_exits_0(
     assert "Application shutdown complete" in gateway.log_tail()
 
 
-@pytest.mark.xfail(strict=True, reason="D4: uvicorn re-raises SIGTERM after a clean shutdown, so the exit status is -15")
+@pytest.mark.xfail(
+    strict=True, reason="D4: uvicorn re-raises SIGTERM after a clean shutdown, so the exit status is -15"
+)
 async def test_sigterm_exit_status_is_0(sims: StartSims, procs: list[Proc], tmp_path: Path) -> None:
     (w,) = await sims(1)
     gateway = start_gateway("gateway", env=write_env(tmp_path / "cfg", fleet_of([w.url])), log_dir=tmp_path)

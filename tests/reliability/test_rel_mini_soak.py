@@ -29,7 +29,9 @@ async def test_mini_soak_keeps_the_invariants(tmp_path: Path) -> None:
     intended, unintended = soak_report.errors_by_type(result)
     assert not unintended, unintended
     assert intended, "the limited tenant never hit its limit: the 429 path was not exercised"
-    assert by_name["usage ledger = client counts (per tenant)"].met, by_name["usage ledger = client counts (per tenant)"]
+    assert by_name["usage ledger = client counts (per tenant)"].met, by_name[
+        "usage ledger = client counts (per tenant)"
+    ]
     assert by_name["client connections at the end = at the start"].met
     served = sum(1 for f in result.finished if f.result.ok)
     assert served >= cfg.clients

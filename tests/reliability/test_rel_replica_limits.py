@@ -10,10 +10,10 @@ from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
-from conftest import StartSims
 from rel_harness import KEYS, LiveGateway, chat, fleet_of, live_gateway, tenants_of
 
 from bench.soak_client import StreamResult, stream_chat
+from bench.soak_procs import Proc
 from fleet.config import FleetConfig, TenantsConfig
 from fleet.store_redis import RedisStore
 
@@ -47,9 +47,7 @@ async def _fire(gws: list[LiveGateway], n: int, *, max_tokens: int, limit: int =
         return list(await asyncio.gather(*(one(i) for i in range(n))))
 
 
-async def test_request_limit_holds_across_two_replicas_under_concurrent_load(
-    sims: StartSims, redis_url: str
-) -> None:
+async def test_request_limit_holds_across_two_replicas_under_concurrent_load(sims: StartSims, redis_url: str) -> None:
     workers = await sims(2, speedup=200.0)
     rpm = 300
     tenants = tenants_of(alpha={"rpm": rpm})
@@ -64,8 +62,10 @@ async def test_request_limit_holds_across_two_replicas_under_concurrent_load(
     assert abs(admitted - rpm) <= 0.01 * rpm, admitted
 
 
-async def test_token_limit_holds_across_two_replicas_under_concurrent_load(sims: StartSims, redis_url: str) -> None:
-    workers = await sims(2, speedup=200.0)
+async def test_token_limit_holds_across_two_replicas_under_concurrent_load(
+    shared_workers: list[Proc], redis_url: str
+) -> None:
+    workers = shared_workers
     tpm = 20_000
     tenants = tenants_of(alpha={"tpm": tpm})
     async with replicas(redis_url, fleet_of([w.url for w in workers]), tenants) as gws:
@@ -77,6 +77,28 @@ async def test_token_limit_holds_across_two_replicas_under_concurrent_load(sims:
     served = [r for r in results if r.ok]
     refused = [r for r in results if not r.ok]
     used = sum(r.prompt_tokens + r.completion_tokens for r in served)
-    assert refused and all(r.status == 429 for r in refused), {r.error_type for r in refused}
+    assert refused, "the token limit never tripped"
+    assert all(r.status == 429 for r in refused), {r.error_type for r in refused}
     assert used <= tpm * 1.01, f"{used} tokens served against a limit of {tpm}"
     assert usage["prompt_tokens"] + usage["completion_tokens"] == used
+
+
+@pytest.mark.xfail(strict=True, reason="D8: the up-front token reservation ignores n (choices per request)")
+async def test_token_limit_holds_for_requests_with_several_choices(
+    shared_workers: list[Proc], redis_url: str
+) -> None:
+    workers = shared_workers
+    tpm = 4_000
+    tenants = tenants_of(alpha={"tpm": tpm})
+    async with replicas(redis_url, fleet_of([w.url for w in workers]), tenants) as gws:
+        sem = asyncio.Semaphore(16)
+        async with aiohttp.ClientSession() as s:
+
+            async def one(i: int) -> StreamResult:
+                async with sem:
+                    return await stream_chat(s, gws[i % 2].url, key=KEYS["alpha"], body=chat(50, n=8))
+
+            results = await asyncio.gather(*(one(i) for i in range(64)))
+    used = sum(r.prompt_tokens + r.completion_tokens for r in results if r.ok)
+    assert any(r.status == 429 for r in results)
+    assert used <= tpm * 1.01, f"{used} tokens served against a limit of {tpm}"

@@ -4,6 +4,7 @@ internal headers not forwarded either way, and the workers' control API closed w
 
 from __future__ import annotations
 
+import hmac
 import logging
 import time
 import uuid
@@ -13,11 +14,12 @@ import aiohttp
 import httpx
 import pytest
 from conftest import StartSims
+from redis.asyncio import Redis
 from rel_chaos import ChaosProxy
 from rel_harness import ADMIN_KEY, KEYS, MODEL, PEPPER, chat, fleet_of, live_gateway
-from redis.asyncio import Redis
 
 from bench.soak_client import stream_chat
+from bench.soak_procs import Proc
 from fleet.config import key_digest
 from fleet.store_redis import RedisStore
 
@@ -25,9 +27,8 @@ pytestmark = pytest.mark.redis
 
 
 @pytest.fixture
-async def chaos(sims: StartSims) -> AsyncIterator[ChaosProxy]:
-    (w,) = await sims(1)
-    proxy = await ChaosProxy(w.url).start()
+async def chaos(shared_workers: list[Proc]) -> AsyncIterator[ChaosProxy]:
+    proxy = await ChaosProxy(shared_workers[0].url).start()
     yield proxy
     await proxy.stop()
 
@@ -105,14 +106,17 @@ async def test_a_tenant_reads_only_its_own_usage(chaos: ChaosProxy) -> None:
             for params in ({}, {"tenant": "beta"}, {"tenant_id": "beta", "since": 0, "limit": 100}):
                 usage = (await c.get("/v1/usage", params=params)).json()
                 assert usage["tenant"] == "alpha"
-                assert usage["requests"] == 1 and usage["completion_tokens"] == 3
+                assert usage["requests"] == 1
+                assert usage["completion_tokens"] == 3
                 assert {d["tenant"] for d in usage["data"]} == {"alpha"}
             assert (await c.get("/admin/v1/usage/beta")).status_code == 401
             assert (await c.get("/v1/usage/beta")).status_code in (404, 405)
 
 
-async def test_no_request_field_or_header_redirects_the_upstream(chaos: ChaosProxy, sims: StartSims) -> None:
-    (canary,) = await sims(1)  # a worker no fleet file names: any request reaching it is an SSRF
+async def test_no_request_field_or_header_redirects_the_upstream(
+    chaos: ChaosProxy, shared_workers: list[Proc]
+) -> None:
+    canary = shared_workers[1]  # a worker this test's fleet does not name: any request reaching it is an SSRF
     hits_before = _requests_served(canary.url)
     evil = canary.url + "/v1/chat/completions"
     bodies = [
@@ -120,8 +124,9 @@ async def test_no_request_field_or_header_redirects_the_upstream(chaos: ChaosPro
         chat(2, worker_url=evil), chat(2, worker="w-evil"), chat(2, extra_body={"base_url": canary.url}),
         {**chat(2), "model": evil}, {**chat(2), "model": f"{MODEL}@{canary.url.removeprefix('http://')}"},
     ]  # fmt: skip
-    headers = {"host": canary.url.removeprefix("http://"), "x-forwarded-host": canary.url.removeprefix("http://"),
-               "x-gearshift-worker": canary.url, "x-upstream": canary.url, "forwarded": f"host={canary.url}"}  # fmt: skip
+    host = canary.url.removeprefix("http://")
+    headers = {"host": host, "x-forwarded-host": host, "x-gearshift-worker": canary.url, "x-upstream": canary.url,
+               "forwarded": f"host={host}"}  # fmt: skip
     async with live_gateway(fleet_of([chaos.url])) as live, aiohttp.ClientSession() as s:
         for body in bodies:
             r = await stream_chat(s, live.url, key=KEYS["alpha"], body=body, headers=headers)
@@ -170,16 +175,51 @@ async def test_hop_by_hop_and_internal_headers_are_not_forwarded_either_way(chao
 
 
 async def test_control_api_writes_need_the_control_token(sims: StartSims) -> None:
-    (w,) = await sims(1)
+    (w,) = await sims(1)  # its own worker: this test changes the schedule
     update = {"k": 2, "version": 5, "lease_seconds": 30, "reason": "rel"}
     async with httpx.AsyncClient(base_url=w.url) as c:
         before = (await c.get("/gearshift/v1/speculation")).json()
-        for auth in (None, "Bearer", "Bearer wrong-token", "Basic Z2VhcnNoaWZ0LWRldi1jb250cm9s", "Token gearshift-dev-control"):
+        for auth in (
+            None,
+            "Bearer",
+            "Bearer wrong-token",
+            "Basic Z2VhcnNoaWZ0LWRldi1jb250cm9s",
+            "Token gearshift-dev-control",
+        ):
             headers = {"authorization": auth} if auth is not None else {}
             r = await c.put("/gearshift/v1/speculation", json=update, headers=headers)
             assert r.status_code == 401, auth
         assert (await c.get("/gearshift/v1/speculation")).json()["version"] == before["version"]
-        ok = await c.put("/gearshift/v1/speculation", json=update, headers={"authorization": "Bearer gearshift-dev-control"})
+        ok = await c.put(
+            "/gearshift/v1/speculation", json=update, headers={"authorization": "Bearer gearshift-dev-control"}
+        )
         assert ok.status_code == 200
         assert ok.json()["version"] == 5
         assert ok.json()["lease_expires_at"] > time.time()
+
+
+async def test_admin_and_run_time_keys_are_compared_in_constant_time(
+    chaos: ChaosProxy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    compared: list[tuple[bytes | str, bytes | str]] = []
+    real = hmac.compare_digest
+
+    def spy(a: bytes | str, b: bytes | str) -> bool:
+        compared.append((a, b))
+        return real(a, b)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(hmac, "compare_digest", spy)
+    async with live_gateway(fleet_of([chaos.url])) as live, httpx.AsyncClient(base_url=live.url) as c:
+        r = await c.get("/admin/v1/keys", headers={"authorization": "Bearer not-the-admin-key"})
+        assert r.status_code == 401
+        assert any(b"not-the-admin-key" in (a if isinstance(a, bytes) else a.encode()) for a, _ in compared)
+        compared.clear()
+        created = await c.post(
+            "/admin/v1/keys", json={"tenant": "alpha"}, headers={"authorization": f"Bearer {ADMIN_KEY}"}
+        )
+        secret = created.json()["secret"]
+        r = await c.get("/v1/models", headers={"authorization": f"Bearer {secret}"})
+        assert r.status_code == 200
+    digest = key_digest(secret, pepper=PEPPER)
+    assert any(digest in (a, b) for a, b in compared), "the run-time key's digest was not compared in constant time"
+    assert not any(secret in (a, b) for a, b in compared), "a secret was compared instead of its keyed digest"

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from fleet.perf import load_profile
 from gearshift.cli_sim_lab import register
 from workers.sim.arrivals import Lengths, WorkloadMix
-from workers.sim.crossover import CrossoverRow, crossover_rows
+from workers.sim.crossover import BestKRow, CrossoverRow, best_k_rows, crossover_rows
 from workers.sim.figures import (
     GENERAL_MIX,
     TOLERANCE,
@@ -119,6 +119,41 @@ def test_loses_from_is_the_start_of_the_final_losing_run() -> None:
     assert row((2.0, 0.9, 1.1, 0.8)).loses_from == 8
     assert row((2.0, 0.9, 0.95, 0.8)).loses_from == 2
     assert row((2.0, 1.5, 1.1, 1.2)).loses_from is None
+
+
+def _classes() -> dict[str, WorkloadMix]:
+    return {w: WorkloadMix.single(w, Lengths(1000), Lengths(500)) for w in PROFILE.acceptance}
+
+
+def test_best_k_shrinks_with_load_for_every_class() -> None:
+    rows = {r.name: r for r in best_k_rows(PROFILE, {"mix": GENERAL_MIX, **_classes()})}
+    assert rows["maths"].best_k[0] == PROFILE.drafter.k_max, "a lone maths stream drafts all it can"
+    assert rows["chat"].best_k[0] < rows["maths"].best_k[0]
+    for row in rows.values():
+        assert row.best_k[-1] < row.best_k[0], f"{row.name}: the best k falls from batch 1 to a full batch"
+        assert all(g >= 1.0 for g in row.gains), "the best k is never worse than k = 0"
+        assert row.gains[-1] < row.gains[0], f"{row.name}: speculation gains less under load"
+
+
+def test_k0_becomes_best_once_per_token_cost_outweighs_the_fixed_step() -> None:
+    """The crossover the controller acts on: with a token-proportional cost ~0.7 ms (what a chat crossover
+    inside 32–64 streams would need, see the profile's header) every class stops speculating."""
+    data = PROFILE.model_dump()
+    data["target"] = {**data["target"], "comm_s_per_token": 7e-4, "kv_read_replicas": 1.0}
+    costly = PROFILE.model_validate(data)
+    rows = {r.name: r for r in best_k_rows(costly, _classes())}
+    assert rows["chat"].off_from is not None
+    assert rows["maths"].off_from is None or rows["maths"].off_from > rows["chat"].off_from
+    assert rows["chat"].best_k[0] > 0
+
+
+def test_off_from_is_the_start_of_the_final_run_of_k0() -> None:
+    def row(ks: tuple[int, ...]) -> BestKRow:
+        return BestKRow("x", ks, (1.0,) * len(ks), (1, 2, 4, 8))
+
+    assert row((3, 0, 1, 0)).off_from == 8
+    assert row((3, 0, 0, 0)).off_from == 2
+    assert row((3, 2, 1, 1)).off_from is None
 
 
 def _note_above(lines: list[str], index: int) -> str:

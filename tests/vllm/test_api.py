@@ -172,10 +172,6 @@ class GatedClock(ManualClock):
         self.advance(seconds)
         await self._gate.get()
 
-    def release(self) -> None:
-        """Let the sleeping poller go on without waiting for its next sleep."""
-        self._gate.put_nowait(None)
-
     async def started(self) -> None:
         await self._until(1)
 
@@ -200,12 +196,12 @@ async def test_poller_expires_an_idle_lease_and_counts_it(registry: CollectorReg
     await front.put({"k": 1, "version": 2, "lease_seconds": 2.5})
     task = asyncio.create_task(poll_forever(front, clock=clock, interval_s=1.0))
     try:
-        await clock.started()
-        await clock.tick()  # t = 1 s: lease still holds
-        await clock.tick()  # t = 2 s
+        await clock.started()  # read at t = 0, asleep until t = 1 s
+        await clock.tick()  # read at t = 1 s: the lease still holds
+        await clock.tick()  # read at t = 2 s
         assert engine.lookup == [0, 1, 1, 1, 1]
         assert metric(registry, "gearshift_worker_spec_lease_expired_total") == 0
-        await clock.tick()  # t = 3 s: expired on the idle engine
+        await clock.tick()  # read at t = 3 s: expired on the idle engine
         assert engine.lookup == [0, 4, 4, 4, 4]
         assert metric(registry, "gearshift_worker_spec_lease_expired_total") == 1
         assert metric(registry, "gearshift_worker_spec_k", {"from_bs": "1", "to_bs": "4"}) == 4
@@ -221,12 +217,12 @@ async def test_poller_backs_off_while_the_engine_is_down(front: SpeculationFront
     engine.fail = ConnectionError("engine gone")
     task = asyncio.create_task(poll_forever(front, clock=clock, interval_s=1.0, max_backoff_s=4.0))
     try:
-        await clock.started()
+        await clock.started()  # the first read failed
         for _ in range(4):
             await clock.tick()
         engine.fail = None
         await clock.tick()
-        assert clock.sleeps == [1.0, 2.0, 4.0, 4.0, 4.0, 1.0]
+        assert clock.sleeps == [2.0, 4.0, 4.0, 4.0, 4.0, 1.0]
     finally:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -243,7 +239,5 @@ async def test_poller_stops_on_an_engine_without_a_table(registry: CollectorRegi
 
     front = SpeculationFront(channel, token=TOKEN, metrics=WorkerSpecMetrics(registry))
     task = asyncio.create_task(poll_forever(front, clock=clock, interval_s=1.0))
-    await clock.started()
-    clock.release()
     await asyncio.wait_for(task, timeout=5.0)
-    assert clock.sleeps == [1.0]
+    assert clock.sleeps == []

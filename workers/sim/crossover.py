@@ -1,4 +1,5 @@
-"""Where speculation stops paying: the analytic speed-up of draft length k over k = 0 by decode batch size.
+"""Where speculation stops paying: the analytic speed-up of draft length k over k = 0 by decode batch size,
+and the best draft length at each batch size (the operator's view: which gear a worker should be in).
 
 Pure arithmetic on the profile (no simulation): every sequence of the batch has the same context, the step
 is pure decode, and a mix's tokens per step is the harmonic mean of its classes' weighted by output tokens
@@ -14,6 +15,9 @@ from fleet.perf import Profile, StepShape, conditional_acceptance, expected_toke
 from workers.sim.arrivals import WorkloadMix
 
 BATCHES: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+BEST_K_BATCHES: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 96, 128, 160, 256)
+BEST_K_CONTEXT_TOKENS = 6000
+"""A typical reasoning context (4–8 k tokens) for the best-k table."""
 
 
 def mix_tokens_per_step(profile: Profile, mix: WorkloadMix, k: int, context_tokens: int) -> float:
@@ -26,14 +30,24 @@ def mix_tokens_per_step(profile: Profile, mix: WorkloadMix, k: int, context_toke
     return sum(weights) / inverse
 
 
+def goodput(profile: Profile, mix: WorkloadMix, batch: int, k: int, *, context_tokens: int) -> float:
+    """Output tokens/s of a pure-decode batch of ``batch`` sequences at draft length ``k``: B · AL(k) / T(B, k)."""
+    shape = StepShape(decode_seqs=batch, k=k, context_tokens=batch * context_tokens)
+    return batch * mix_tokens_per_step(profile, mix, k, context_tokens) / step_time(profile, shape).total_s
+
+
 def speedup(profile: Profile, mix: WorkloadMix, batch: int, k: int, *, context_tokens: int = 2000) -> float:
     """Per-user decode speed at draft length ``k`` over that at k = 0, for ``batch`` sequences."""
+    return goodput(profile, mix, batch, k, context_tokens=context_tokens) / goodput(
+        profile, mix, batch, 0, context_tokens=context_tokens
+    )
 
-    def rate(kk: int) -> float:
-        shape = StepShape(decode_seqs=batch, k=kk, context_tokens=batch * context_tokens)
-        return mix_tokens_per_step(profile, mix, kk, context_tokens) / step_time(profile, shape).total_s
 
-    return rate(k) / rate(0)
+def best_k(profile: Profile, mix: WorkloadMix, batch: int, *, context_tokens: int) -> tuple[int, float]:
+    """The draft length (0 … k_max) that maximises goodput at ``batch`` and its gain over k = 0."""
+    rates = [goodput(profile, mix, batch, k, context_tokens=context_tokens) for k in range(profile.drafter.k_max + 1)]
+    k = max(range(len(rates)), key=rates.__getitem__)
+    return k, rates[k] / rates[0]
 
 
 @dataclass(frozen=True)
@@ -72,3 +86,36 @@ def crossover_rows(
         )
         for name, mix in mixes.items()
     ]
+
+
+@dataclass(frozen=True)
+class BestKRow:
+    name: str
+    best_k: tuple[int, ...]
+    """Goodput-maximising draft length at each of ``batches``."""
+    gains: tuple[float, ...]
+    """Goodput at the best k over goodput at k = 0, at each of ``batches``."""
+    batches: tuple[int, ...]
+
+    @property
+    def off_from(self) -> int | None:
+        """Smallest batch size from which k = 0 is best at every larger listed batch (None: never)."""
+        start: int | None = None
+        for b, k in zip(self.batches, self.best_k, strict=True):
+            start = (b if start is None else start) if k == 0 else None
+        return start
+
+
+def best_k_rows(
+    profile: Profile,
+    mixes: dict[str, WorkloadMix],
+    *,
+    context_tokens: int = BEST_K_CONTEXT_TOKENS,
+    batches: Sequence[int] = BEST_K_BATCHES,
+) -> list[BestKRow]:
+    """One row per mix: the best draft length and its gain over k = 0 at each decode batch size."""
+    rows = []
+    for name, mix in mixes.items():
+        best = [best_k(profile, mix, b, context_tokens=context_tokens) for b in batches]
+        rows.append(BestKRow(name, tuple(k for k, _ in best), tuple(g for _, g in best), tuple(batches)))
+    return rows

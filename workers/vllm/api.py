@@ -147,14 +147,13 @@ def create_router() -> APIRouter:
 async def poll_forever(
     front: SpeculationFront, *, clock: Clock, interval_s: float, max_backoff_s: float = 30.0
 ) -> None:
-    """Read the engine's state every ``interval_s`` seconds (metrics; lease expiry on an idle engine).
+    """Read the engine's state now and every ``interval_s`` seconds (metrics; lease expiry on an idle engine).
 
     Never dies of a failed read: failures back off exponentially up to ``max_backoff_s`` and are logged.
     Returns when the engine says control is unavailable (no table, no speculation): that lasts as long as it runs.
     """
     delay = interval_s
     while True:
-        await clock.sleep(delay)
         try:
             reply = await front.get()
         except asyncio.CancelledError:
@@ -166,3 +165,4 @@ async def poll_forever(
             return
         failed = reply.get("status") == STATUS_UNAVAILABLE
         delay = min(delay * 2, max_backoff_s) if failed else interval_s
+        await clock.sleep(delay)
