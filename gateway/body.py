@@ -7,6 +7,7 @@ untouched. No pydantic model of the whole body is built on the hot path.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,12 +26,23 @@ class CompletionRequest:
     client_wants_usage: bool
     """The client asked for the usage chunk (``stream_options.include_usage``)."""
     max_tokens: int | None
-    prompt_chars: int
+    prompt_parts: tuple[int, ...]
+    """Characters of each prompt text (one per chat message, or per completion prompt)."""
+    chat: bool
 
-    def estimated_tokens(self, *, default_max_tokens: int, chars_per_token: float) -> int:
-        """Tokens to reserve up front: the prompt estimate plus the completion allowance."""
+    @property
+    def prompt_chars(self) -> int:
+        return sum(self.prompt_parts)
+
+    def estimated_tokens(self, *, default_max_tokens: int, chars_per_token: float, tokens_per_message: int) -> int:
+        """Tokens to reserve up front: the prompt estimate plus the completion allowance. The prompt estimate is
+        ``ceil(chars / chars_per_token)`` per text, plus, for a chat, ``tokens_per_message`` per message and as
+        many again to prime the reply (chat templates add about that much)."""
         completion = self.max_tokens if self.max_tokens is not None else default_max_tokens
-        return int(self.prompt_chars / chars_per_token) + 1 + completion
+        prompt = sum(max(1, math.ceil(n / chars_per_token)) for n in self.prompt_parts)
+        if self.chat:
+            prompt += tokens_per_message * (len(self.prompt_parts) + 1)
+        return prompt + completion
 
     def upstream_body(self, *, priority: int | None) -> bytes:
         """The body sent to the worker: usage forced on for streams, the tier's priority set."""
@@ -52,29 +64,39 @@ def _int_field(body: dict[str, Any], name: str) -> int | None:
     return value
 
 
-def _prompt_chars(body: dict[str, Any], prompt_field: str) -> int:
-    """Characters of prompt text: message contents (strings or text parts) or the completion prompt."""
+def _prompt_parts(body: dict[str, Any], prompt_field: str, *, max_messages: int) -> tuple[int, ...]:
+    """Characters of each prompt text: message contents (strings or text parts) or the completion prompt(s).
+    A prompt of token ids counts 4 characters per id, so it estimates one token per id."""
     if prompt_field == "prompt":
         prompt = body.get("prompt")
         if isinstance(prompt, str):
-            return len(prompt)
-        if isinstance(prompt, list):
-            return sum(len(p) if isinstance(p, str | list) else 1 for p in prompt)
-        raise InvalidRequest("'prompt' is required: a string or a list.", param="prompt")
+            return (len(prompt),)
+        if isinstance(prompt, list) and prompt and all(isinstance(p, int) for p in prompt):
+            return (4 * len(prompt),)  # one prompt as token ids
+        if isinstance(prompt, list) and prompt:
+            if len(prompt) > max_messages:
+                message = f"'prompt' has {len(prompt)} prompts; the limit is {max_messages}."
+                raise InvalidRequest(message, param="prompt")
+            return tuple(len(p) if isinstance(p, str) else 4 * len(p) if isinstance(p, list) else 4 for p in prompt)
+        raise InvalidRequest("'prompt' is required: a string or a non-empty list.", param="prompt")
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise InvalidRequest("'messages' is required: a non-empty list.", param="messages")
-    total = 0
+    if len(messages) > max_messages:
+        raise InvalidRequest(f"'messages' has {len(messages)} entries; the limit is {max_messages}.", param="messages")
+    parts = []
     for message in messages:
         content = message.get("content") if isinstance(message, dict) else None
         if isinstance(content, str):
-            total += len(content)
+            parts.append(len(content))
         elif isinstance(content, list):
-            total += sum(len(str(part.get("text", ""))) for part in content if isinstance(part, dict))
-    return total
+            parts.append(sum(len(str(part.get("text", ""))) for part in content if isinstance(part, dict)))
+        else:
+            parts.append(0)
+    return tuple(parts)
 
 
-def parse_completion(raw: bytes, *, prompt_field: str) -> CompletionRequest:
+def parse_completion(raw: bytes, *, prompt_field: str, max_messages: int = 4096) -> CompletionRequest:
     """Parse a chat (``prompt_field="messages"``) or text (``"prompt"``) completion body."""
     try:
         body = orjson.loads(raw)
@@ -98,5 +120,6 @@ def parse_completion(raw: bytes, *, prompt_field: str) -> CompletionRequest:
         stream=stream,
         client_wants_usage=bool(options and options.get("include_usage")),
         max_tokens=max_tokens,
-        prompt_chars=_prompt_chars(body, prompt_field),
+        prompt_parts=_prompt_parts(body, prompt_field, max_messages=max_messages),
+        chat=prompt_field == "messages",
     )

@@ -66,7 +66,7 @@ async def complete(
 ) -> Response:
     """Serve one completion request; ``started`` is the clock's monotonic time when it arrived and ``receive``
     the ASGI channel that tells when the client disconnects (the body has been read already)."""
-    req = parse_completion(raw, prompt_field=endpoint.prompt_field)
+    req = parse_completion(raw, prompt_field=endpoint.prompt_field, max_messages=gw.settings.max_messages)
     authorise_model(gw, principal, req.model)
     call = Call(gw, principal, req, endpoint, request_id, started)
     with DisconnectGuard(receive):
@@ -126,7 +126,9 @@ class Call:
     async def admit(self) -> Ticket:
         gw, tenant = self.gw, self.principal.tenant
         tokens = self.req.estimated_tokens(
-            default_max_tokens=gw.settings.default_max_tokens, chars_per_token=gw.settings.chars_per_token
+            default_max_tokens=gw.settings.default_max_tokens,
+            chars_per_token=gw.settings.chars_per_token,
+            tokens_per_message=gw.settings.tokens_per_message,
         )
         with gw.tracer.start_as_current_span("gearshift.admission", context=self.ctx) as span:
             span.set_attribute("gearshift.reserved_tokens", tokens)

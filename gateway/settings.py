@@ -56,6 +56,11 @@ class GatewaySettings(CommonSettings):
     """Tokens reserved against the tenant's TPM when a request does not set ``max_tokens``."""
     chars_per_token: Annotated[float, Field(gt=0)] = 4.0
     """Prompt-size estimate used for the up-front TPM reservation (reconciled with real usage after)."""
+    tokens_per_message: Annotated[int, Field(ge=0)] = 4
+    """Chat-template tokens per message in that estimate. An estimate below the worker's real count lets a
+    tenant pass its TPM by the difference, so err high: over-reservation is refunded."""
+    max_messages: Annotated[int, Field(gt=0)] = 4096
+    """Most messages (or completion prompts) in one request; more is a 400."""
     send_priority: bool = True
     """Pass the tier's priority to the worker's ``priority`` field (workers must run priority scheduling)."""
 

@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
-from ctl_helpers import CONTROL_TOKEN
+from ctl_helpers import CONTROL_TOKEN, LAB_PROFILE
 
 from fleet.perf import Profile, load_profile
 from workers.sim.server import SimServer
 from workers.sim.settings import SimWorkerSettings
-
-LAB_PROFILE = Path(__file__).with_name("lab_profile.yaml")
 
 
 @pytest.fixture(scope="session")

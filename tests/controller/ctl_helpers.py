@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from controller.estimator import Estimate
 from fleet.perf import Profile, conditional_acceptance
+
+LAB_PROFILE = Path(__file__).with_name("lab_profile.yaml")
+"""A profile with 60× less compute than the default, so that k = 0 wins at moderate batch (the default
+profile's best k shrinks with load but never reaches 0: see its header)."""
 
 CONTROL_TOKEN = "test-control-token"
 """The control token of the simulated workers the tests start."""

@@ -6,8 +6,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import LAB_PROFILE
-from ctl_helpers import CONTROL_TOKEN
+from ctl_helpers import CONTROL_TOKEN, LAB_PROFILE
 from rich.console import Console
 from typer.testing import CliRunner
 

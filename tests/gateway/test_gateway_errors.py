@@ -131,7 +131,7 @@ async def test_tpm_reserves_estimate_and_settles_real_usage(upstreams: StartUpst
     async with serve_gateway(make_fleet([w.url]), make_tenants(alpha={"tpm": 100})) as g, g.client() as c:
         r = await c.post("/v1/chat/completions", json={**CHAT, "max_tokens": 150})
         assert error_of(r, 429, "rate_limit_error")["code"] == "tpm_exceeded"
-        # 61 reserved up front, 7 + 8 = 15 used: the refund leaves room for more requests of the same size
+        # 1 + 8 + 60 = 69 reserved up front, 7 + 8 = 15 used: the refund leaves room for more such requests
         for _ in range(3):
             r = await c.post("/v1/chat/completions", json={**CHAT, "max_tokens": 60})
             assert r.status_code == 200, r.text

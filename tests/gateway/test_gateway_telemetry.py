@@ -50,7 +50,10 @@ async def test_failed_request_span_has_error_status(upstreams: StartUpstreams) -
     server = failed[f"chat {MODEL}"]
     assert server.attributes is not None
     assert server.attributes["error.type"] == "RateLimited"
-    assert failed["gearshift.admission"].attributes == {"gearshift.reserved_tokens": 4, "gearshift.limit": "rpm"}
+    assert failed["gearshift.admission"].attributes == {
+        "gearshift.reserved_tokens": 1 + 4 * 2 + 3,
+        "gearshift.limit": "rpm",
+    }
 
 
 def test_tracing_is_a_no_op_unless_configured() -> None:

@@ -33,7 +33,7 @@ def test_upstream_body_changes_only_stream_options_and_priority() -> None:
     )  # fmt: skip
     req = parse_completion(raw, prompt_field="messages")
     assert (req.model, req.stream, req.client_wants_usage, req.max_tokens) == (MODEL, True, False, 9)
-    assert req.estimated_tokens(default_max_tokens=100, chars_per_token=4) == 10 + 1 + 9
+    assert req.estimated_tokens(default_max_tokens=100, chars_per_token=4, tokens_per_message=4) == 10 + 4 * 2 + 9
     sent = orjson.loads(req.upstream_body(priority=10))
     assert sent["stream_options"] == {"continuous_usage_stats": True, "include_usage": True}
     assert sent["priority"] == 10
@@ -46,9 +46,12 @@ def test_prompt_estimate_counts_text_parts_and_completion_prompts() -> None:
     assert parse_completion(orjson.dumps(chat), prompt_field="messages").prompt_chars == 40
     text = parse_completion(orjson.dumps({"model": MODEL, "prompt": ["ab", "cde"]}), prompt_field="prompt")
     assert text.prompt_chars == 5
-    assert text.estimated_tokens(default_max_tokens=64, chars_per_token=4) == 1 + 1 + 64
+    assert text.estimated_tokens(default_max_tokens=64, chars_per_token=4, tokens_per_message=4) == 1 + 1 + 64
     with pytest.raises(InvalidRequest, match="prompt"):
         parse_completion(orjson.dumps({"model": MODEL}), prompt_field="prompt")
+    many = {"model": MODEL, "messages": [{"role": "user", "content": "x"}] * 5}
+    with pytest.raises(InvalidRequest, match="limit is 4"):
+        parse_completion(orjson.dumps(many), prompt_field="messages", max_messages=4)
 
 
 # -------------------------------------------------------------------------------------------------- SSE

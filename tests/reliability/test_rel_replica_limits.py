@@ -84,9 +84,7 @@ async def test_token_limit_holds_across_two_replicas_under_concurrent_load(
 
 
 @pytest.mark.xfail(strict=True, reason="D8: the up-front token reservation ignores n (choices per request)")
-async def test_token_limit_holds_for_requests_with_several_choices(
-    shared_workers: list[Proc], redis_url: str
-) -> None:
+async def test_token_limit_holds_for_requests_with_several_choices(shared_workers: list[Proc], redis_url: str) -> None:
     workers = shared_workers
     tpm = 4_000
     tenants = tenants_of(alpha={"tpm": tpm})

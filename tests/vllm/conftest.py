@@ -20,6 +20,7 @@ from workers.vllm.cpu_server import (
     tiny_plan,
     tiny_worker,
 )
+from workers.vllm.launcher import CpuOptions
 
 CONTROL_TOKEN = "real-engine-test-token"
 ENV_BUILD_TIMEOUT_S = 900.0
@@ -49,10 +50,19 @@ def tiny_model_dir(vllm_env: None) -> Path:
 
 
 def start_server(
-    worker: WorkerConfig, log_dir: Path, *, speculative_extra: dict[str, object] | None = None
+    worker: WorkerConfig,
+    log_dir: Path,
+    *,
+    in_process_worker: bool,
+    speculative_extra: dict[str, object] | None = None,
 ) -> Iterator[RunningServer]:
-    """Run the tiny CPU worker (ngram, k_max 4, table [[1, 8, 4]] unless overridden, the gearshift plugin)."""
-    plan = tiny_plan(worker, speculative_extra=speculative_extra)
+    """Run the tiny CPU worker (ngram, k_max 4, table [[1, 8, 4]] unless overridden, the gearshift plugin).
+
+    ``in_process_worker=False`` is vLLM's default layout (API server, EngineCore, model worker: three
+    processes); True puts the model worker inside EngineCore and starts faster.
+    """
+    cpu = CpuOptions(in_process_worker=in_process_worker)
+    plan = tiny_plan(worker, cpu=cpu, speculative_extra=speculative_extra)
     env = {"GEARSHIFT_CONTROL_TOKEN": CONTROL_TOKEN, "GEARSHIFT_SPEC_POLL_SECONDS": "0.25"}
     try:
         with running_server(plan, url=worker.url, log_path=log_dir / "vllm.log", extra_env=env) as server:
@@ -63,6 +73,6 @@ def start_server(
 
 @pytest.fixture(scope="module")
 def vllm_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    """A real vLLM CPU server with run-time control, for one test module."""
+    """A real vLLM CPU server with run-time control in vLLM's default process layout, for one test module."""
     worker = tiny_worker(port=free_port(), model_dir=tiny_model_dir)
-    yield from start_server(worker, tmp_path_factory.mktemp("vllm"))
+    yield from start_server(worker, tmp_path_factory.mktemp("vllm"), in_process_worker=False)

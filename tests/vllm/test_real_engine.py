@@ -122,6 +122,17 @@ async def test_put_k_1_makes_every_draft_exactly_one_token(client: httpx.AsyncCl
     assert counters.longest_accepted_position == 0
 
 
+async def test_a_table_gives_each_batch_size_its_own_k(client: httpx.AsyncClient) -> None:
+    table = [[1, 1, 1], [2, TINY_MAX_NUM_SEQS, 3]]
+    response = await put(client, schedule=table, lease_seconds=300.0)
+    assert response.status_code == 200, response.text
+    alone = await run_batch(client, str(client.base_url), model=MODEL, requests=1, max_tokens=MAX_TOKENS)
+    assert alone.counters.drafts > 0
+    assert alone.counters.draft_tokens == alone.counters.drafts  # batch size 1 → k = 1
+    together = (await greedy_batch(client)).counters  # batch size 4 (1 only while the last one finishes)
+    assert_drafts_bounded_by(together, 3)
+
+
 async def test_put_k_0_stops_drafting(client: httpx.AsyncClient) -> None:
     await set_k(client, 0)
     batch = await greedy_batch(client)

@@ -23,7 +23,8 @@ TABLE = "num_speculative_tokens_per_batch_size"
 @pytest.fixture(scope="module")
 def server_without_table(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     worker = tiny_worker(port=free_port(), model_dir=tiny_model_dir)
-    yield from start_server(worker, tmp_path_factory.mktemp("vllm-no-table"), speculative_extra={TABLE: None})
+    log_dir = tmp_path_factory.mktemp("vllm-no-table")
+    yield from start_server(worker, log_dir, in_process_worker=True, speculative_extra={TABLE: None})
 
 
 @pytest.fixture
