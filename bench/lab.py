@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from bench.capacity import MixPoint, capacity_requests_per_s
+from bench.cost_meter import ControllerCostMeter, ModelCost
 from bench.policies import LabContext, LabPolicy
 from bench.routing import GatewayRouter
 from bench.scenario import Lengths as SpecLengths
@@ -48,6 +49,8 @@ class RawRun:
     ticks: list[TickSample] = field(default_factory=list)
     schedule_changes: int = 0
     """Times a worker's applied schedule changed (every worker, the whole run)."""
+    model_cost: ModelCost | None = None
+    """The controller's cost model's totals over the measured span (``bench.cost_meter``)."""
 
 
 def _kind(cls: TrafficClass, scenario: Scenario) -> RequestKind:
@@ -144,9 +147,11 @@ class _Recorder:
     policy: LabPolicy
     raw: RawRun
     last: list[Schedule]
+    meter: ControllerCostMeter
 
     def __call__(self, tick: TickContext) -> None:
         self.policy.on_tick(tick)
+        self.meter.on_tick(tick)
         for i, w in enumerate(tick.workers):
             schedule = w.control.schedule
             if schedule != self.last[i]:
@@ -164,6 +169,15 @@ def run_policy(scenario: Scenario, policy: LabPolicy, *, profile: Profile | None
     workers = make_workers(scenario, profile, clock, start)
     policy.bind(workers, lab_context(scenario))
     raw = RawRun(scenario=scenario, policy=policy.name, records=RunRecords(()))
+    meter = ControllerCostMeter(
+        workers,
+        profile,
+        clock,
+        tiers=scenario.tiers,
+        tick_s=scenario.tick_s,
+        start_s=scenario.warmup_s,
+        end_s=scenario.duration_s,
+    )
     router = GatewayRouter(
         fleet=lab_fleet(workers, profile),
         tiers=scenario.tiers,
@@ -177,7 +191,7 @@ def run_policy(scenario: Scenario, policy: LabPolicy, *, profile: Profile | None
         clock=clock,
         seed=scenario.seed,
         tick_s=scenario.tick_s,
-        on_tick=_Recorder(policy, raw, [w.control.schedule for w in workers]),
+        on_tick=_Recorder(policy, raw, [w.control.schedule for w in workers], meter),
         router=router,
     )
     try:
@@ -188,5 +202,7 @@ def run_policy(scenario: Scenario, policy: LabPolicy, *, profile: Profile | None
     finally:
         policy.close()
         router.close()
+        meter.close()
     raw.records = lab.records
+    raw.model_cost = meter.result()
     return raw

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from bench.cost_meter import ModelCost
 from bench.lab import RawRun, TickSample
 from bench.scenario import Scenario
 from fleet.perf import Profile, StepShape, load_profile, step_time
@@ -84,6 +85,8 @@ class RunMetrics:
     step_k_changes_per_worker_min: float
     phases: list[PhaseMetrics] = field(default_factory=list)
     ticks: list[TickSample] = field(default_factory=list)
+    model_cost: ModelCost | None = None
+    """The same run priced by the controller's cost model (``bench.cost_meter``)."""
 
 
 def quantile(values: Sequence[float], q: float) -> float:
@@ -248,4 +251,5 @@ def summarise(raw: RawRun, profile: Profile | None = None) -> RunMetrics:
         step_k_changes_per_worker_min=_step_k_changes([s for s in steps if start < s.end_s <= end]) / worker_minutes,
         phases=phase_metrics(raw),
         ticks=raw.ticks,
+        model_cost=raw.model_cost,
     )

@@ -77,8 +77,11 @@ def render(result: SuiteResult, *, command: str, plots: dict[str, str]) -> str:
         f"Regenerate with `{command}`. Every policy runs on the same seeded trace of each scenario on simulated "
         "Kimi K3 + DSpark workers (`workers/sim`, profile named per scenario), requests placed by the gateway's "
         "own routing scorers (`bench/routing.py`); the controller is `controller.loop.Controller` itself, "
-        "ticking in virtual time. Definitions of every figure are in `bench/metrics.py`; baselines and the "
-        "oracle in `bench/suite.py`.",
+        "ticking in virtual time. Under the controller the gateway's speculation-aware scorers see the worker "
+        "state it publishes; under the other policies nothing is published and routing is least-loaded, as in "
+        "production without a controller. Every run is also priced by the controller's own cost model (a "
+        "dry-run controller beside it, `bench/cost_meter.py`). Definitions of every figure are in "
+        "`bench/metrics.py`; baselines and the oracle in `bench/suite.py`.",
         "",
         *_targets_section(result),
         *_figures_section(result, plots),
@@ -123,6 +126,8 @@ def _scenario_row(m: RunMetrics) -> list[str]:
         fmt(m.cost.total),
         pct(m.drafter_share),
         pct(m.rejected_share),
+        fmt(m.model_cost.usd_per_mtok) if m.model_cost else "—",
+        pct(m.model_cost.savings_vs_k0) if m.model_cost else "—",
         fmt(m.switches_per_worker_min),
         fmt(m.step_k_changes_per_worker_min),
     ]
@@ -144,6 +149,8 @@ def _scenario_section(result: SuiteResult, name: str, description: str) -> list[
         "$/Mtok",
         "drafter share",
         "rejected-draft share",
+        "$/Mtok (cost model)",
+        "saved vs k=0 (cost model)",
         "switches /worker-min",
         "step-k changes /worker-min",
     ]

@@ -177,13 +177,14 @@ def write(result: SoakResult, out: Path, *, command: str) -> Path:
         "## Gateway processes over time",
         "",
         table(
-            ["t s", "RSS MiB", "client connections", "open fds", "served", "errors"],
+            ["t s", "RSS MiB", "client connections", "open fds", "asyncio tasks", "served", "errors"],
             [
                 [
                     f"{s.at_s:.0f}",
                     " / ".join(f"{r:.0f}" for r in s.rss_mib),
                     " / ".join(map(str, s.connections)),
                     " / ".join(map(str, s.fds)),
+                    " / ".join("–" if t is None else f"{t:.0f}" for t in s.tasks),
                     str(s.served),
                     str(s.errors),
                 ]

@@ -34,7 +34,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from fleet import store_redis_lua as lua
 from fleet import store_window as win
@@ -53,6 +57,8 @@ from fleet.store_ledger import ROLLUP_SIZES_S
 from fleet.store_memory import key_record, sort_keys
 
 DEFAULT_PREFIX = "gearshift:"
+_RETRIES = 1
+"""Retries of a call whose connection failed (each on a fresh connection)."""
 
 
 def _num(x: float) -> str:
@@ -94,9 +100,17 @@ class RedisStore:
         cls, url: str, *, prefix: str = DEFAULT_PREFIX, max_connections: int = 64, wait_s: float = 5.0
     ) -> RedisStore:
         """A store on a new pool of at most ``max_connections`` connections to ``url`` (``redis://host:port/db``).
-        Calls beyond that wait up to ``wait_s`` seconds for a free connection instead of failing at once."""
+        Calls beyond that wait up to ``wait_s`` seconds for a free connection instead of failing at once.
+
+        A connection that fails (for example one left idle across a Redis restart) is reconnected and the call
+        retried once after a short back-off, so a restart costs no caller an error once Redis is back."""
         pool = BlockingConnectionPool.from_url(
-            url, max_connections=max_connections, timeout=wait_s, decode_responses=True
+            url,
+            max_connections=max_connections,
+            timeout=wait_s,
+            decode_responses=True,
+            retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), _RETRIES),
+            retry_on_error=[RedisConnectionError, RedisTimeoutError],
         )
         return cls(Redis.from_pool(pool), prefix=prefix)
 

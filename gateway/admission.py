@@ -5,16 +5,23 @@ Keys (the store adds its own prefix): ``rpm:<tenant>`` and ``tpm:<tenant>`` (rol
 and tokens), ``concurrency:<tenant>`` (slots, one per in-flight request), ``spend:<tenant>`` (USD, all time).
 The TPM window reserves the estimated tokens (prompt estimate + completion allowance) up front; ``settle``
 corrects it by ``real − estimated`` so the window holds what was actually used.
+
+When the shared store fails (a Redis outage), ``store_failure_mode`` decides: ``closed`` refuses with 503;
+``open`` (the default) keeps serving and enforces each limit × ``local_limit_share`` in a store local to this
+process (with N replicas, a share of 1/N keeps the fleet-wide limit), settling those requests there too.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Literal
 
 from fleet.clock import Clock
 from fleet.config import TenantConfig
-from fleet.store import BudgetLimit, Limit, SlotLimit, Store, WindowLimit
-from gateway.errors import BudgetExceeded, RateLimited
+from fleet.store import Admission, BudgetLimit, Limit, SlotLimit, Store, WindowLimit
+from fleet.store_memory import MemoryStore
+from gateway.errors import BudgetExceeded, RateLimited, StoreUnavailable
+from gateway.metrics import GatewayMetrics
 
 REASONS = ("rpm", "tpm", "concurrency", "budget")
 """Every admission-rejection reason (a bounded metric label)."""
@@ -31,6 +38,8 @@ class Ticket:
     budget_key: str | None
     admitted_at: float = 0.0
     """Unix seconds of the admit call (the store needs it to refund the right part of a window)."""
+    local: bool = False
+    """Admitted by the process-local fallback store during a store outage."""
     settled: bool = False
 
 
@@ -60,12 +69,30 @@ def reason_of(key: str) -> str:
     return _REASON_OF_PREFIX.get(key.split(":", 1)[0], "rpm")
 
 
-class Admitter:
-    """Admits and settles requests against the shared store."""
+def _scaled(limit: Limit, share: float) -> Limit:
+    if isinstance(limit, BudgetLimit):
+        return replace(limit, limit_usd=limit.limit_usd * share)
+    return replace(limit, limit=max(1, int(limit.limit * share)))
 
-    def __init__(self, store: Store, *, clock: Clock) -> None:
+
+class Admitter:
+    """Admits and settles requests against the shared store (or, in an outage, the local fallback)."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        clock: Clock,
+        metrics: GatewayMetrics,
+        failure_mode: Literal["open", "closed"] = "open",
+        local_share: float = 1.0,
+    ) -> None:
         self._store = store
         self._clock = clock
+        self._metrics = metrics
+        self._failure_mode = failure_mode
+        self._local_share = local_share
+        self._local = MemoryStore(clock=clock)
 
     async def admit(self, tenant: TenantConfig, *, request_id: str, tokens: int) -> Ticket:
         """Reserve every limit of ``tenant`` or raise ``RateLimited`` / ``BudgetExceeded`` naming the limit."""
@@ -73,7 +100,7 @@ class Admitter:
         if not limits:
             return ticket
         ticket.admitted_at = self._clock.wall()
-        result = await self._store.admit(limits, now=ticket.admitted_at)
+        result = await self._admit(limits, ticket)
         if result.allowed:
             return ticket
         reason = reason_of(result.tripped or "")
@@ -89,11 +116,24 @@ class Admitter:
             retry_after_s=result.retry_after_s,
         )
 
+    async def _admit(self, limits: list[Limit], ticket: Ticket) -> Admission:
+        try:
+            return await self._store.admit(limits, now=ticket.admitted_at)
+        except Exception as exc:  # the shared store is away: apply the configured failure mode
+            self._metrics.child(self._metrics.store_failures, "admit").inc()
+            if self._failure_mode == "closed":
+                raise StoreUnavailable(f"Admission is unavailable: the shared store failed ({exc!r}).") from None
+        ticket.local = True
+        if ticket.tpm is not None:
+            ticket.tpm = replace(ticket.tpm, limit=max(1, int(ticket.tpm.limit * self._local_share)))
+        local = [_scaled(limit, self._local_share) for limit in limits]
+        return await self._local.admit(local, now=ticket.admitted_at)
+
     async def settle(self, ticket: Ticket, *, used_tokens: int, cost_usd: float) -> None:
-        """Reconcile the TPM reservation with ``used_tokens``, release the slot, add ``cost_usd``. Idempotent."""
+        """Reconcile the TPM reservation with ``used_tokens``, release the slot, add ``cost_usd``. Idempotent
+        once it succeeds (a failed settle can be retried)."""
         if ticket.settled:
             return
-        ticket.settled = True
         windows = []
         if ticket.tpm is not None and used_tokens != ticket.reserved_tokens:
             windows.append(
@@ -107,4 +147,10 @@ class Admitter:
         slots = [ticket.slot] if ticket.slot is not None else []
         spend = {ticket.budget_key: cost_usd} if ticket.budget_key and cost_usd > 0 else {}
         if windows or slots or spend:
-            await self._store.settle(windows=windows, slots=slots, spend=spend, now=self._clock.wall())
+            store = self._local if ticket.local else self._store
+            try:
+                await store.settle(windows=windows, slots=slots, spend=spend, now=self._clock.wall())
+            except Exception:
+                self._metrics.child(self._metrics.store_failures, "settle").inc()
+                raise
+        ticket.settled = True

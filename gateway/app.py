@@ -22,6 +22,7 @@ from gateway import errors
 from gateway.core import running_gateway
 from gateway.metrics import GatewayMetrics
 from gateway.middleware import RequestIdMiddleware
+from gateway.openapi import install_openapi
 from gateway.routes_admin import router as admin_router
 from gateway.routes_openai import router as openai_router
 from gateway.routes_ops import router as ops_router
@@ -69,7 +70,7 @@ def create_app(
         lifespan=lifespan,
         docs_url=None,
         redoc_url=None,
-        openapi_url=None,
+        openapi_url="/openapi.json",
         # The gateway makes its own spans and metrics; FastAPI's generic ones would cost time on every request.
         telemetry={"tracing": False, "metrics": False, "logs": False, "operation_spans": False},
     )
@@ -77,6 +78,7 @@ def create_app(
     app.include_router(admin_router)
     app.include_router(ops_router)
     install_error_handlers(app)
+    install_openapi(app)
     app.add_middleware(RequestIdMiddleware)
     return app
 

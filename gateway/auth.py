@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from fleet.clock import Clock
 from fleet.config import TenantConfig, TenantsConfig, TierConfig, key_digest
 from fleet.store import Store
-from gateway.errors import AuthenticationFailed
+from gateway.errors import AuthenticationFailed, StoreUnavailable
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +84,12 @@ class KeyRing:
         hit = self._cache.get(digest)
         if hit is not None and hit[0] > now:
             return hit[1]
-        record = await self._store.api_key_by_digest(digest)
+        try:
+            record = await self._store.api_key_by_digest(digest)
+        except Exception as exc:  # the store is away: a key seen before keeps working, an unknown one waits
+            if hit is not None:
+                return hit[1]
+            raise StoreUnavailable(f"Cannot verify the API key: the shared store failed ({exc!r}).") from None
         found = None
         if record is not None and not record.revoked and hmac.compare_digest(record.digest, digest):
             found = (record.tenant, record.key_id)

@@ -1,7 +1,8 @@
 """Reading and rewriting a completion request body.
 
 The body is parsed once with orjson; only ``model``, ``stream``, ``stream_options``, ``max_tokens`` /
-``max_completion_tokens`` and ``priority`` are read or changed. Every other field passes to the worker
+``max_completion_tokens``, ``n`` / ``best_of``, the prompt texts (for the token estimate) and ``priority`` are
+read or changed. Every other field passes to the worker
 untouched. No pydantic model of the whole body is built on the hot path.
 """
 
@@ -29,6 +30,8 @@ class CompletionRequest:
     prompt_parts: tuple[int, ...]
     """Characters of each prompt text (one per chat message, or per completion prompt)."""
     chat: bool
+    choices: int = 1
+    """Sequences generated per prompt: the larger of ``n`` and ``best_of``."""
 
     @property
     def prompt_chars(self) -> int:
@@ -37,8 +40,10 @@ class CompletionRequest:
     def estimated_tokens(self, *, default_max_tokens: int, chars_per_token: float, tokens_per_message: int) -> int:
         """Tokens to reserve up front: the prompt estimate plus the completion allowance. The prompt estimate is
         ``ceil(chars / chars_per_token)`` per text, plus, for a chat, ``tokens_per_message`` per message and as
-        many again to prime the reply (chat templates add about that much)."""
-        completion = self.max_tokens if self.max_tokens is not None else default_max_tokens
+        many again to prime the reply (chat templates add about that much). The completion allowance is
+        ``max_tokens`` for every choice (``n``) of every prompt."""
+        completion = (self.max_tokens if self.max_tokens is not None else default_max_tokens) * self.choices
+        completion *= 1 if self.chat else len(self.prompt_parts)  # a list of prompts completes each one
         prompt = sum(max(1, math.ceil(n / chars_per_token)) for n in self.prompt_parts)
         if self.chat:
             prompt += tokens_per_message * (len(self.prompt_parts) + 1)
@@ -96,7 +101,7 @@ def _prompt_parts(body: dict[str, Any], prompt_field: str, *, max_messages: int)
     return tuple(parts)
 
 
-def parse_completion(raw: bytes, *, prompt_field: str, max_messages: int = 4096) -> CompletionRequest:
+def parse_completion(raw: bytes, *, prompt_field: str, max_messages: int = 1024, max_n: int = 128) -> CompletionRequest:
     """Parse a chat (``prompt_field="messages"``) or text (``"prompt"``) completion body."""
     try:
         body = orjson.loads(raw)
@@ -114,6 +119,9 @@ def parse_completion(raw: bytes, *, prompt_field: str, max_messages: int = 4096)
     if options is not None and not isinstance(options, dict):
         raise InvalidRequest("'stream_options' must be an object.", param="stream_options")
     max_tokens = _int_field(body, "max_completion_tokens") or _int_field(body, "max_tokens")
+    choices = max(_int_field(body, "n") or 1, _int_field(body, "best_of") or 1)
+    if choices > max_n:
+        raise InvalidRequest(f"'n' (or 'best_of') is {choices}; the limit is {max_n}.", param="n")
     return CompletionRequest(
         body=body,
         model=model,
@@ -122,4 +130,5 @@ def parse_completion(raw: bytes, *, prompt_field: str, max_messages: int = 4096)
         max_tokens=max_tokens,
         prompt_parts=_prompt_parts(body, prompt_field, max_messages=max_messages),
         chat=prompt_field == "messages",
+        choices=choices,
     )

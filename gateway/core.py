@@ -76,7 +76,13 @@ async def running_gateway(
             clock=clock,
             cache_ttl_s=settings.key_cache_ttl_s,
         ),
-        admitter=Admitter(store, clock=clock),
+        admitter=Admitter(
+            store,
+            clock=clock,
+            metrics=metrics,
+            failure_mode=settings.store_failure_mode,
+            local_share=settings.local_limit_share,
+        ),
         pool=pool,
         router=default_router(
             weight_queue=settings.weight_queue,

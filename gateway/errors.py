@@ -104,6 +104,17 @@ class UpstreamTimeout(UpstreamFailed):
     code = "upstream_timeout"
 
 
+class StoreUnavailable(GatewayError):
+    """The shared store is away and the gateway is configured to fail closed."""
+
+    status = 503
+    type = "api_error"
+    code = "store_unavailable"
+
+    def headers(self) -> dict[str, str]:
+        return {"retry-after": "1"}
+
+
 class NoWorkerAvailable(GatewayError):
     status = 503
     type = "api_error"

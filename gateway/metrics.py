@@ -6,6 +6,7 @@ Label sets are bounded: ``tenant`` and ``model`` come from the config files, ``w
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -24,9 +25,20 @@ WORKER_HEALTHY: Final = "gearshift_gateway_worker_healthy"
 COST: Final = "gearshift_gateway_cost_usd"
 LOOP_ERRORS: Final = "gearshift_gateway_background_errors"
 LEDGER_BACKLOG: Final = "gearshift_gateway_ledger_backlog"
+STORE_FAILURES: Final = "gearshift_gateway_store_failures"
+ASYNCIO_TASKS: Final = "gearshift_gateway_asyncio_tasks"
+OPEN_CONNECTIONS: Final = "gearshift_gateway_open_connections"
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 _TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5, 1.0)
+
+
+def _running_tasks() -> float:
+    """Tasks of the running event loop (0 when collected outside one)."""
+    try:
+        return float(len(asyncio.all_tasks()))
+    except RuntimeError:
+        return 0.0
 
 
 class GatewayMetrics:
@@ -64,6 +76,12 @@ class GatewayMetrics:
         self.cost = Counter(COST, "Cost attributed to tenants, USD", ["tenant", "model"], registry=r)
         self.loop_errors = Counter(LOOP_ERRORS, "Failed background ticks", ["loop"], registry=r)
         self.ledger_backlog = Gauge(LEDGER_BACKLOG, "Usage records waiting to be written to the ledger", registry=r)
+        self.store_failures = Counter(
+            STORE_FAILURES, "Shared-store calls that failed, by operation", ["op"], registry=r
+        )
+        self.asyncio_tasks = Gauge(ASYNCIO_TASKS, "asyncio tasks alive in the gateway's event loop", registry=r)
+        self.asyncio_tasks.set_function(_running_tasks)
+        self.open_connections = Gauge(OPEN_CONNECTIONS, "Client connections open on this gateway", registry=r)
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
 
     def child(self, metric: Any, *values: str) -> Any:

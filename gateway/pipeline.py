@@ -25,6 +25,7 @@ from gateway.core import Gateway
 from gateway.disconnect import DisconnectGuard
 from gateway.errors import (
     GatewayError,
+    InvalidRequest,
     ModelNotAllowed,
     ModelNotFound,
     NoWorkerAvailable,
@@ -34,6 +35,7 @@ from gateway.errors import (
     sse_error_event,
 )
 from gateway.metering import request_cost
+from gateway.pool import WorkerView
 from gateway.routing import RouteContext
 from gateway.sse import DONE, StreamMeter, Usage, usage_of
 from gateway.upstream import Opened
@@ -66,13 +68,17 @@ async def complete(
 ) -> Response:
     """Serve one completion request; ``started`` is the clock's monotonic time when it arrived and ``receive``
     the ASGI channel that tells when the client disconnects (the body has been read already)."""
-    req = parse_completion(raw, prompt_field=endpoint.prompt_field, max_messages=gw.settings.max_messages)
-    authorise_model(gw, principal, req.model)
+    settings = gw.settings
+    req = parse_completion(
+        raw, prompt_field=endpoint.prompt_field, max_messages=settings.max_messages, max_n=settings.max_n
+    )
+    authorise(gw, principal, req)  # 404 / 403 / 400
     call = Call(gw, principal, req, endpoint, request_id, started)
     with DisconnectGuard(receive):
         try:
-            call.ticket = await call.admit()
-            call.opened = await call.forward(await call.route())
+            call.ticket = await call.admit()  # 429 with the limit that tripped
+            ranked = await call.route()  # 503 when no worker qualifies
+            call.opened = await call.forward(ranked)  # retried before the first byte; 502 / 503 / 504
         except BaseException as exc:
             await call.abandon(exc)
             raise
@@ -81,12 +87,18 @@ async def complete(
         return await call.read_whole()
 
 
-def authorise_model(gw: Gateway, principal: Principal, model: str) -> None:
-    """404 for a model no worker serves, 403 for one the tenant may not use."""
-    if gw.fleet.model(model) is None:
-        raise ModelNotFound(f"The model '{model}' does not exist.", param="model")
-    if not principal.tenant.allows(model):
-        raise ModelNotAllowed(f"Tenant '{principal.tenant.id}' may not use the model '{model}'.", param="model")
+def authorise(gw: Gateway, principal: Principal, req: CompletionRequest) -> None:
+    """404 for a model no worker serves, 403 for one the tenant may not use, 400 for a ``max_tokens`` beyond the
+    model's context window (it would also reserve an absurd number of tokens)."""
+    model = gw.fleet.model(req.model)
+    if model is None:
+        raise ModelNotFound(f"The model '{req.model}' does not exist.", param="model")
+    if not principal.tenant.allows(req.model):
+        message = f"Tenant '{principal.tenant.id}' may not use the model '{req.model}'."
+        raise ModelNotAllowed(message, param="model")
+    if req.max_tokens is not None and req.max_tokens > model.context_window:
+        message = f"'max_tokens' is {req.max_tokens}; the model's context window is {model.context_window} tokens."
+        raise InvalidRequest(message, param="max_tokens")
 
 
 class Call:
@@ -139,7 +151,7 @@ class Call:
                 span.set_attribute("gearshift.limit", exc.limit)
                 raise
 
-    async def route(self) -> list[str]:
+    async def route(self) -> list[WorkerView]:
         gw = self.gw
         with gw.tracer.start_as_current_span("gearshift.routing", context=self.ctx) as span:
             ctx = RouteContext(model=self.req.model, tier=self.principal.tier, now=gw.clock.wall())
@@ -151,18 +163,17 @@ class Call:
                 )
             span.set_attribute("gearshift.route.ranked", [w.id for w in decision.ranked])
             span.set_attribute("gearshift.route.scores", [round(decision.scores[w.id], 4) for w in decision.ranked])
-            return [w.id for w in decision.ranked]
+            return decision.ranked
 
-    async def forward(self, ranked: list[str]) -> Opened:
+    async def forward(self, ranked: list[WorkerView]) -> Opened:
         gw = self.gw
         priority = self.principal.tier.priority if gw.settings.send_priority else None
         body = self.req.upstream_body(priority=priority)
-        views = [gw.pool.views[i] for i in ranked]
         with gw.tracer.start_as_current_span(
             f"{self.endpoint.operation} {self.req.model}", context=self.ctx, kind=SpanKind.CLIENT
         ) as span:
             self.forwarded_at = gw.clock.monotonic()
-            opened = await gw.upstream.open(views, self.endpoint.path, body, stream=self.req.stream)
+            opened = await gw.upstream.open(ranked, self.endpoint.path, body, stream=self.req.stream)
             span.set_attribute(attr.WORKER, opened.worker.id)
             span.set_attribute(attr.SERVER_ADDRESS, opened.worker.config.url)
             span.set_attribute("gearshift.attempts", opened.attempts)

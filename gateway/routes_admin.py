@@ -11,9 +11,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from fleet.store import ApiKeyRecord
 from gateway.deps import AdminDep, GatewayDep
 from gateway.errors import InvalidRequest, NotFound
+from gateway.openapi import ERROR_RESPONSES
 from gateway.usage import usage_report
 
-router = APIRouter(prefix="/admin/v1")
+router = APIRouter(prefix="/admin/v1", responses=ERROR_RESPONSES)
 
 
 class CreateKey(BaseModel):

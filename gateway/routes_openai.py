@@ -8,13 +8,14 @@ from fastapi import APIRouter, Query
 from starlette.responses import Response
 
 from gateway.deps import CompletionDep, GatewayDep, PrincipalDep
+from gateway.openapi import CHAT_BODY, ERROR_RESPONSES, TEXT_BODY
 from gateway.pipeline import CHAT, TEXT, complete
 from gateway.usage import usage_report
 
-router = APIRouter()
+router = APIRouter(responses=ERROR_RESPONSES)
 
 
-@router.post("/v1/chat/completions")
+@router.post("/v1/chat/completions", openapi_extra=CHAT_BODY)
 async def chat_completions(call: CompletionDep) -> Response:
     return await complete(
         call.gw, call.principal, call.raw, endpoint=CHAT, request_id=call.request_id, started=call.started,
@@ -22,7 +23,7 @@ async def chat_completions(call: CompletionDep) -> Response:
     )  # fmt: skip
 
 
-@router.post("/v1/completions")
+@router.post("/v1/completions", openapi_extra=TEXT_BODY)
 async def completions(call: CompletionDep) -> Response:
     return await complete(
         call.gw, call.principal, call.raw, endpoint=TEXT, request_id=call.request_id, started=call.started,

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import signal
+import threading
 from collections.abc import Iterator
 
 import aiohttp
@@ -18,6 +20,7 @@ from fleet.config import FleetConfig, TenantsConfig
 from fleet.store import Store
 from gateway.app import create_app
 from gateway.core import Gateway
+from gateway.protocol import guarded_protocol
 from gateway.settings import GatewaySettings
 
 _START_TIMEOUT_S = 30.0
@@ -29,6 +32,23 @@ class _EmbeddedServer(uvicorn.Server):
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield
+
+
+class _StandaloneServer(uvicorn.Server):
+    """A uvicorn server that shuts down gracefully on SIGINT/SIGTERM and then returns normally. (uvicorn's
+    own re-raises the signal after the shutdown, so a clean stop would exit with status -15, read as a crash.)"""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
 
 class GatewayServer:
@@ -59,13 +79,14 @@ class GatewayServer:
             self.app,
             host=settings.host,
             port=settings.port,
-            http="httptools",
+            http=guarded_protocol(settings),
+            limit_concurrency=settings.max_connections,
             lifespan="on",
             log_level=settings.log_level.lower(),
             access_log=False,
             timeout_graceful_shutdown=5,
         )
-        self._server = uvicorn.Server(config) if handle_signals else _EmbeddedServer(config)
+        self._server = _StandaloneServer(config) if handle_signals else _EmbeddedServer(config)
         self._task: asyncio.Task[None] | None = None
         self.port: int | None = None
 
@@ -90,6 +111,8 @@ class GatewayServer:
                     raise RuntimeError("the gateway stopped during start-up")
                 await asyncio.sleep(0.01)
         self.port = int(self._server.servers[0].sockets[0].getsockname()[1])
+        connections = self._server.server_state.connections
+        self.gateway.metrics.open_connections.set_function(lambda: float(len(connections)))
 
     async def wait(self) -> None:
         """Until the server stops (a signal or ``stop``)."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Self
+from typing import Annotated, Literal, Self
 
 from pydantic import Field, model_validator
 
@@ -35,6 +35,12 @@ class GatewaySettings(CommonSettings):
     """Further workers tried when one fails before its first byte (connect error, 5xx, timeout)."""
     upstream_pool_size: Annotated[int, Field(gt=0)] = 1024
 
+    # shared store outages
+    store_failure_mode: Literal["open", "closed"] = "open"
+    """When the shared store fails during admission: ``open`` serves on process-local limits, ``closed`` answers 503."""
+    local_limit_share: Annotated[float, Field(gt=0, le=1)] = 1.0
+    """Share of each tenant limit this replica enforces on its own while failing open (1/N for N replicas)."""
+
     # outlier ejection, shared through the store
     eject_after_failures: Annotated[int, Field(gt=0)] = 3
     """Consecutive failures of one worker, seen by one gateway, that eject it."""
@@ -50,6 +56,15 @@ class GatewaySettings(CommonSettings):
     key_cache_ttl_s: Seconds = 5.0
     """How long a run-time API key lookup is cached; a revocation reaches other replicas within this."""
 
+    # connections
+    max_header_bytes: Annotated[int, Field(gt=0)] = 32 * 1024
+    """Request line and headers together; more is answered 431."""
+    max_headers: Annotated[int, Field(gt=0)] = 100
+    header_timeout_s: Seconds = 5.0
+    """A request head must be complete this long after it began (or after the connection opened)."""
+    max_connections: Annotated[int, Field(gt=0)] | None = None
+    """Open connections (and tasks) beyond which new requests are answered 503; None for no limit."""
+
     # requests
     max_body_bytes: Annotated[int, Field(gt=0)] = 16 * 1024 * 1024
     default_max_tokens: Annotated[int, Field(gt=0)] = 4096
@@ -59,8 +74,10 @@ class GatewaySettings(CommonSettings):
     tokens_per_message: Annotated[int, Field(ge=0)] = 4
     """Chat-template tokens per message in that estimate. An estimate below the worker's real count lets a
     tenant pass its TPM by the difference, so err high: over-reservation is refunded."""
-    max_messages: Annotated[int, Field(gt=0)] = 4096
+    max_messages: Annotated[int, Field(gt=0)] = 1024
     """Most messages (or completion prompts) in one request; more is a 400."""
+    max_n: Annotated[int, Field(gt=0)] = 128
+    """Most choices (``n``, ``best_of``) in one request; more is a 400."""
     send_priority: bool = True
     """Pass the tier's priority to the worker's ``priority`` field (workers must run priority scheduling)."""
 

@@ -9,6 +9,7 @@ worker is charged with it (see ``WorkerPool.failed``) and the next-ranked worker
 from __future__ import annotations
 
 import asyncio
+import io
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -21,6 +22,7 @@ from gateway.settings import GatewaySettings
 
 _JSON = {"content-type": "application/json"}
 _ERROR_BODY_LIMIT = 64 * 1024
+_LARGE_BODY = 1024 * 1024
 
 
 @dataclass(slots=True)
@@ -102,8 +104,10 @@ class Upstream:
         response: aiohttp.ClientResponse | None = None
         try:
             async with asyncio.timeout(limit):
+                # aiohttp writes a large bytes body in one go (and warns): stream it from a buffer instead.
+                data = body if len(body) <= _LARGE_BODY else io.BytesIO(body)
                 response = await self._session.post(
-                    view.config.url + path, data=body, headers=_JSON, timeout=self._connect
+                    view.config.url + path, data=data, headers=_JSON, timeout=self._connect
                 )
                 if response.status >= 500:
                     text = (await response.content.read(_ERROR_BODY_LIMIT)).decode(errors="replace")

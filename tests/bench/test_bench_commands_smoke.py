@@ -74,6 +74,8 @@ def test_bench_policies_smoke(tmp_path: Path) -> None:
     assert all(r[3] in ("met", "**not met**") for r in rows)
     header, rows = parse_table(md, "### phase-shift table")
     assert header[:3] == ["policy", "goodput tok/s", "throughput tok/s"]
+    model_cost = header.index("$/Mtok (cost model)")
+    assert all(float(r[model_cost].replace(",", "")) > 0 for r in rows), "the controller's cost model prices every run"
     assert len(rows) == 9
     _assert_pngs(md, tmp_path, 4)
 

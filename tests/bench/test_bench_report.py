@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from bench.metrics import CostSplit, PhaseMetrics, RunMetrics
 from bench.frontier import throughput_at
-from bench.targets import T_K0, T_MIXED, T_ORACLE, T_SWITCHES, checks
+from bench.metrics import CostSplit, PhaseMetrics, RunMetrics
 from bench.scenario import Scenario
 from bench.suite import CONTROLLER, ORACLE, STATIC_KS, SuiteResult, static_name
+from bench.targets import T_K0, T_MIXED, T_ORACLE, T_SWITCHES, checks
 
 SCENARIO = Scenario.model_validate(
     {

@@ -48,7 +48,7 @@ class FakeUpstream:
     _runner: web.AppRunner | None = None
 
     async def start(self) -> FakeUpstream:
-        app = web.Application()
+        app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_post("/v1/chat/completions", self._complete)
         app.router.add_post("/v1/completions", self._complete)
         app.router.add_get("/health", self._health)

@@ -113,3 +113,19 @@ async def test_ops_endpoints(upstreams: StartUpstreams) -> None:
             await tenant.post("/v1/chat/completions", json=CHAT)
         metrics = (await c.get("/metrics")).text
         assert "gearshift_gateway_worker_healthy" in metrics
+
+
+async def test_openapi_document_declares_bodies_errors_and_auth(upstreams: StartUpstreams) -> None:
+    (w,) = await upstreams(1)
+    async with serve_gateway(make_fleet([w.url]), make_tenants()) as g, g.client(None) as c:
+        doc = (await c.get("/openapi.json")).json()
+    chat = doc["paths"]["/v1/chat/completions"]["post"]
+    schema = chat["requestBody"]["content"]["application/json"]["schema"]
+    assert schema["required"] == ["model", "messages"]
+    assert chat["security"] == [{"apiKey": []}]
+    assert chat["responses"]["429"]["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/ErrorBody"
+    }
+    assert doc["paths"]["/admin/v1/keys"]["post"]["security"] == [{"adminKey": []}]
+    assert "security" not in doc["paths"]["/healthz"]["get"]
+    assert doc["components"]["securitySchemes"]["apiKey"]["scheme"] == "bearer"

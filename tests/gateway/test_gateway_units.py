@@ -18,7 +18,7 @@ from fleet.store_memory import MemoryStore
 from gateway.admission import Admitter, reason_of
 from gateway.auth import KeyRing
 from gateway.body import parse_completion
-from gateway.errors import AuthenticationFailed, InvalidRequest, RateLimited
+from gateway.errors import AuthenticationFailed, InvalidRequest, RateLimited, StoreUnavailable
 from gateway.metering import LedgerWriter, request_cost
 from gateway.metrics import GatewayMetrics
 from gateway.pool import WorkerView
@@ -46,12 +46,26 @@ def test_prompt_estimate_counts_text_parts_and_completion_prompts() -> None:
     assert parse_completion(orjson.dumps(chat), prompt_field="messages").prompt_chars == 40
     text = parse_completion(orjson.dumps({"model": MODEL, "prompt": ["ab", "cde"]}), prompt_field="prompt")
     assert text.prompt_chars == 5
-    assert text.estimated_tokens(default_max_tokens=64, chars_per_token=4, tokens_per_message=4) == 1 + 1 + 64
+    # two prompts, each completed: 1 + 1 prompt tokens and 2 × 64 completion tokens
+    assert text.estimated_tokens(default_max_tokens=64, chars_per_token=4, tokens_per_message=4) == 1 + 1 + 2 * 64
     with pytest.raises(InvalidRequest, match="prompt"):
         parse_completion(orjson.dumps({"model": MODEL}), prompt_field="prompt")
     many = {"model": MODEL, "messages": [{"role": "user", "content": "x"}] * 5}
     with pytest.raises(InvalidRequest, match="limit is 4"):
         parse_completion(orjson.dumps(many), prompt_field="messages", max_messages=4)
+
+
+def test_every_choice_reserves_its_completion_allowance() -> None:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "abcd"}], "max_tokens": 50}
+    for extra, choices in (({}, 1), ({"n": 8}, 8), ({"n": 2, "best_of": 5}, 5)):
+        req = parse_completion(orjson.dumps({**body, **extra}), prompt_field="messages")
+        assert (
+            req.estimated_tokens(default_max_tokens=1, chars_per_token=4, tokens_per_message=4) == 1 + 8 + 50 * choices
+        )
+    with pytest.raises(InvalidRequest, match="limit is 16"):
+        parse_completion(orjson.dumps({**body, "n": 17}), prompt_field="messages", max_n=16)
+    with pytest.raises(InvalidRequest, match="'n' must be a positive integer"):
+        parse_completion(orjson.dumps({**body, "n": 0}), prompt_field="messages")
 
 
 # -------------------------------------------------------------------------------------------------- SSE
@@ -108,7 +122,7 @@ async def test_admit_then_settle_releases_the_slot_and_refunds_tokens() -> None:
     clock = ManualClock()
     store = MemoryStore(clock=clock)
     tenant = make_tenants(alpha={"tpm": 100, "max_concurrency": 1, "budget_usd": 1.0}).tenants[0]
-    admitter = Admitter(store, clock=clock)
+    admitter = Admitter(store, clock=clock, metrics=GatewayMetrics())
     ticket = await admitter.admit(tenant, request_id="r1", tokens=80)
     with pytest.raises(RateLimited) as refused:
         await admitter.admit(tenant, request_id="r2", tokens=10)
@@ -120,6 +134,36 @@ async def test_admit_then_settle_releases_the_slot_and_refunds_tokens() -> None:
     with pytest.raises(RateLimited) as refused:
         await admitter.admit(tenant, request_id="r4", tokens=1)
     assert refused.value.limit == "tpm"
+
+
+class BrokenStore(MemoryStore):
+    """A shared store that is away: every limit and key call fails."""
+
+    async def admit(self, *args: Any, **kwargs: Any) -> Any:
+        raise ConnectionError("store away")
+
+    async def settle(self, *args: Any, **kwargs: Any) -> None:
+        raise ConnectionError("store away")
+
+    async def api_key_by_digest(self, digest: str) -> ApiKeyRecord | None:
+        raise ConnectionError("store away")
+
+
+async def test_store_outage_fails_open_on_local_limits_or_closed() -> None:
+    clock = ManualClock()
+    metrics = GatewayMetrics()
+    tenant = make_tenants(alpha={"rpm": 4, "max_concurrency": 10}).tenants[0]
+    fail_open = Admitter(BrokenStore(clock=clock), clock=clock, metrics=metrics, local_share=0.5)
+    tickets = [await fail_open.admit(tenant, request_id=f"r{i}", tokens=1) for i in range(2)]
+    assert all(t.local for t in tickets)
+    with pytest.raises(RateLimited):  # half of rpm 4, enforced locally
+        await fail_open.admit(tenant, request_id="r3", tokens=1)
+    await fail_open.settle(tickets[0], used_tokens=1, cost_usd=0.0)  # settles locally: no store error
+    assert tickets[0].settled
+    fail_closed = Admitter(BrokenStore(clock=clock), clock=clock, metrics=metrics, failure_mode="closed")
+    with pytest.raises(StoreUnavailable):
+        await fail_closed.admit(tenant, request_id="r4", tokens=1)
+    assert metrics.store_failures.labels(op="admit")._value.get() == 4
 
 
 # ------------------------------------------------------------------------------------------------ keys
@@ -137,6 +181,21 @@ async def test_runtime_keys_are_cached_and_revocation_is_seen_after_the_ttl() ->
     clock.advance(5.1)
     with pytest.raises(AuthenticationFailed):
         await ring.authenticate("Bearer sk-runtime")
+
+
+async def test_store_outage_keeps_known_keys_and_refuses_to_guess_about_others() -> None:
+    clock = ManualClock()
+    store = MemoryStore(clock=clock)
+    ring = KeyRing(make_tenants(), store, pepper=PEPPER, clock=clock, cache_ttl_s=1.0)
+    await store.put_api_key(ApiKeyRecord(key_id="k", tenant="beta", digest=ring.digest("sk-rt"), created_at=0.0))
+    assert (await ring.authenticate("Bearer sk-rt")).tenant.id == "beta"
+    broken = KeyRing(make_tenants(), BrokenStore(clock=clock), pepper=PEPPER, clock=clock, cache_ttl_s=1.0)
+    broken._cache = ring._cache  # the same replica, before and after the store went away
+    clock.advance(10)
+    assert (await broken.authenticate("Bearer sk-rt")).tenant.id == "beta"
+    assert (await broken.authenticate(f"Bearer {KEYS['alpha']}")).tenant.id == "alpha"  # tenants-file keys
+    with pytest.raises(StoreUnavailable):
+        await broken.authenticate("Bearer sk-unknown")
 
 
 # ------------------------------------------------------------------------------------------------ cost

@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
+from rel_types import StartRedis, StartSims
 
 from bench.soak_procs import Proc, start_redis, start_sim
-
-StartSims = Callable[..., Awaitable[list[Proc]]]
-StartRedis = Callable[..., Proc]
 
 
 @pytest.fixture

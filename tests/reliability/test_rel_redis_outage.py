@@ -9,8 +9,8 @@ import time
 
 import aiohttp
 import pytest
-from conftest import StartRedis, StartSims
 from rel_harness import KEYS, chat, eventually, fleet_of, live_gateway, tenants_of
+from rel_types import StartRedis, StartSims
 
 from bench.soak_client import StreamResult, stream_chat
 from bench.soak_procs import start_redis
@@ -72,17 +72,36 @@ async def test_gateway_serves_through_a_redis_restart_and_reconciles_usage(
     assert usage["completion_tokens"] == sum(r.completion_tokens for r in served)
 
 
-@pytest.mark.xfail(strict=True, reason="D3: no fail-open/fail-closed mode; a Redis outage is a 500")
-async def test_gateway_keeps_serving_while_redis_is_down(sims: StartSims, own_redis: StartRedis) -> None:
+@pytest.mark.parametrize("mode", ["open", "closed"])
+async def test_gateway_keeps_serving_or_refuses_cleanly_while_redis_is_down(
+    sims: StartSims, own_redis: StartRedis, mode: str
+) -> None:
     (w,) = await sims(1, speedup=200.0)
     redis = own_redis(persist=False)
     store = RedisStore.from_url(redis.url, prefix="rel-down:")
     tenants = tenants_of(alpha={"rpm": 1000, "tpm": 1_000_000, "max_concurrency": 10})
     try:
-        async with live_gateway(fleet_of([w.url]), tenants, store=store) as live, aiohttp.ClientSession() as s:
+        gateway = live_gateway(fleet_of([w.url]), tenants, store=store, store_failure_mode=mode)
+        async with gateway as live, aiohttp.ClientSession() as s:
             assert (await stream_chat(s, live.url, key=KEYS["alpha"], body=chat(3))).ok
             assert redis.terminate() == 0
             down = [await stream_chat(s, live.url, key=KEYS["alpha"], body=chat(3), timeout_s=10) for _ in range(5)]
     finally:
         await store.close()
-    assert all(r.ok for r in down), {r.error_type for r in down}
+    if mode == "open":  # served on process-local limits
+        assert all(r.ok for r in down), {r.error_type for r in down}
+    else:  # refused at once with an OpenAI error that tells the client to come back
+        assert all(r.status == 503 and r.error and r.error["code"] == "store_unavailable" for r in down), down
+        assert all(r.headers.get("retry-after") for r in down)
+
+
+async def test_a_store_idle_across_a_redis_restart_works_on_its_next_call(own_redis: StartRedis) -> None:
+    redis = own_redis(persist=False)
+    store = RedisStore.from_url(redis.url, prefix="rel-idle:")
+    try:
+        assert await store.ping()
+        assert redis.terminate() == 0
+        own_redis(port=redis.port, persist=False)
+        assert await store.acquire_lease("x", "me", ttl_s=5.0)
+    finally:
+        await store.close()

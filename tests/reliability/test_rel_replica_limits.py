@@ -47,8 +47,10 @@ async def _fire(gws: list[LiveGateway], n: int, *, max_tokens: int, limit: int =
         return list(await asyncio.gather(*(one(i) for i in range(n))))
 
 
-async def test_request_limit_holds_across_two_replicas_under_concurrent_load(sims: StartSims, redis_url: str) -> None:
-    workers = await sims(2, speedup=200.0)
+async def test_request_limit_holds_across_two_replicas_under_concurrent_load(
+    shared_workers: list[Proc], redis_url: str
+) -> None:
+    workers = shared_workers
     rpm = 300
     tenants = tenants_of(alpha={"rpm": rpm})
     async with replicas(redis_url, fleet_of([w.url for w in workers]), tenants) as gws:
@@ -83,7 +85,6 @@ async def test_token_limit_holds_across_two_replicas_under_concurrent_load(
     assert usage["prompt_tokens"] + usage["completion_tokens"] == used
 
 
-@pytest.mark.xfail(strict=True, reason="D8: the up-front token reservation ignores n (choices per request)")
 async def test_token_limit_holds_for_requests_with_several_choices(shared_workers: list[Proc], redis_url: str) -> None:
     workers = shared_workers
     tpm = 4_000

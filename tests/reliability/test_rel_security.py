@@ -13,10 +13,10 @@ from collections.abc import AsyncIterator
 import aiohttp
 import httpx
 import pytest
-from conftest import StartSims
 from redis.asyncio import Redis
 from rel_chaos import ChaosProxy
 from rel_harness import ADMIN_KEY, KEYS, MODEL, PEPPER, chat, fleet_of, live_gateway
+from rel_types import StartSims
 
 from bench.soak_client import stream_chat
 from bench.soak_procs import Proc

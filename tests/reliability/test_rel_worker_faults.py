@@ -9,10 +9,12 @@ import time
 from collections.abc import AsyncIterator
 
 import aiohttp
+import httpx
+import orjson
 import pytest
-from conftest import StartSims
 from rel_chaos import ChaosProxy, Mode
-from rel_harness import KEYS, chat, eventually, fleet_of, live_gateway
+from rel_harness import KEYS, chat, eventually, fleet_of, live_gateway, tenants_of
+from rel_types import StartSims
 
 from bench.soak_client import StreamResult, stream_chat
 from fleet.store import UsageRecord
@@ -158,3 +160,30 @@ async def test_worker_answering_garbage_gets_error_events_then_is_ejected(
         assert r.error.get("type") == "api_error", r.error
         assert r.done
     assert all(r.ok for r in after), [r.error_type for r in after]
+
+
+def _running(url: str) -> float:
+    text = httpx.get(url + "/metrics").text
+    return sum(float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines() if ln.startswith("vllm:num_requests_running"))
+
+
+async def test_client_disconnect_frees_the_worker_the_slot_and_is_metered_as_cancelled(sims: StartSims) -> None:
+    (w,) = await sims(1, speedup=1.0)
+    tenants = tenants_of(alpha={"max_concurrency": 1})
+    async with live_gateway(fleet_of([w.url]), tenants) as live:
+        for _ in range(2):  # each abandoned stream must free the tenant's only concurrency slot
+            reader, writer = await asyncio.open_connection("127.0.0.1", live.port)
+            body = orjson.dumps({**chat(5000, ignore_eos=True), "stream": True})
+            head = (f"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {KEYS['alpha']}\r\n"
+                    f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n")  # fmt: skip
+            writer.write(head.encode() + body)
+            assert b"200 OK" in await reader.readuntil(b"\r\n\r\n")
+            await reader.readuntil(b"\n\n")  # the first event: the worker is generating
+            writer.close()
+            await eventually(lambda: _running(w.url) == 0, timeout_s=5)
+            await eventually(lambda: live.gw.pool.views["w0"].in_flight == 0, timeout_s=5)
+        async with aiohttp.ClientSession() as s:
+            assert (await stream_chat(s, live.url, key=KEYS["alpha"], body=chat(3))).ok
+        await live.gw.ledger.idle()
+        records = await _records(live.store)
+    assert [r.status for r in records] == ["cancelled"] * 2 + ["ok"]

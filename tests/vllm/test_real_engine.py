@@ -1,12 +1,12 @@
 """The plugin on a real vLLM CPU engine: the schedule set over HTTP reaches the scheduler, and vLLM's own
 counters prove it.
 
-The server (one per session, see conftest) serves a tiny random Llama with ngram speculation, k_max 4, table
-[[1, 8, 4]]. Decoded greedily the model repeats itself, so ngram drafts are proposed and accepted at every
-position. What the counters can show exactly: a draft never holds more than k tokens (vLLM's ngram proposer
-may propose fewer, when its match sits near the end of the text), so with k the accepted-per-position
-counters stay 0 at positions ≥ k, position k-1 is reached, mean draft length is ≤ k, and k = 1 makes every
-draft exactly one token long.
+The server (one for this module, see conftest; vLLM's default process layout) serves a tiny random Llama
+with ngram speculation, k_max 4, table [[1, 8, 4]]. Decoded greedily the model repeats itself, so ngram
+drafts are proposed and accepted at every position. What the counters can show exactly: a draft never holds
+more than k tokens (vLLM's ngram proposer may propose fewer, when its match sits near the end of the text),
+so with k the accepted-per-position counters stay 0 at positions ≥ k, position k-1 is reached, mean draft
+length is ≤ k, and k = 1 makes every draft exactly one token long.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from fleet import metrics as names
 from workers.vllm.counters import SpecCounters
 from workers.vllm.cpu_server import TINY_K_MAX, TINY_MAX_NUM_SEQS, RunningServer
-from workers.vllm.measure import BatchResult, run_batch
+from workers.vllm.measure import BatchResult, read_counters, run_batch
 
 from .conftest import CONTROL_TOKEN
 
@@ -129,8 +129,15 @@ async def test_a_table_gives_each_batch_size_its_own_k(client: httpx.AsyncClient
     alone = await run_batch(client, str(client.base_url), model=MODEL, requests=1, max_tokens=MAX_TOKENS)
     assert alone.counters.drafts > 0
     assert alone.counters.draft_tokens == alone.counters.drafts  # batch size 1 → k = 1
-    together = (await greedy_batch(client)).counters  # batch size 4 (1 only while the last one finishes)
-    assert_drafts_bounded_by(together, 3)
+    # One request with four prompts: vLLM adds all four to the engine at once, so steps run at batch size 4
+    # (down to 1 only while the last ones finish).
+    before = await read_counters(client, str(client.base_url))
+    prompts = [f"four at once {i}" for i in range(4)]
+    body = {"model": MODEL, "prompt": prompts, "max_tokens": 96, "temperature": 0.0, "ignore_eos": True}
+    response = await client.post("/v1/completions", json=body)
+    assert response.status_code == 200, response.text
+    assert response.json()["usage"]["completion_tokens"] == 4 * 96
+    assert_drafts_bounded_by(await read_counters(client, str(client.base_url)) - before, 3)
 
 
 async def test_put_k_0_stops_drafting(client: httpx.AsyncClient) -> None:
