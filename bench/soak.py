@@ -102,6 +102,8 @@ class SoakResult:
     """Tenant → the admin usage report's totals (requests, prompt_tokens, completion_tokens)."""
     limited_tenants: frozenset[str] = frozenset()
     gateway_exit_codes: list[int] = field(default_factory=list)
+    died: list[str] = field(default_factory=list)
+    """Processes of the stack that exited during the run (``name: exit status``); the run stops early then."""
 
 
 def _probe(stack: SoakStack) -> Probe:
@@ -125,17 +127,19 @@ def _body(rng: random.Random, cfg: SoakConfig) -> dict[str, object]:
 
 async def _client(
     i: int, stack: SoakStack, cfg: SoakConfig, session: aiohttp.ClientSession, deadline: float, t0: float,
-    out: list[Finished],
+    out: list[Finished], abort: asyncio.Event,
 ) -> None:  # fmt: skip
     rng = random.Random(cfg.seed * 100_003 + i)
     tenants, weights = list(cfg.tenants), [t.weight for t in cfg.tenants]
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and not abort.is_set():
         tenant = rng.choices(tenants, weights)[0]
         key = rng.choice(stack.secrets.keys[tenant.id])
         url = stack.gateway_urls[rng.randrange(len(stack.gateway_urls))]
         timeout = min(cfg.request_timeout_s, max(deadline - time.monotonic(), 0.0) + cfg.request_timeout_s)
         r = await stream_chat(session, url, key=key, body=_body(rng, cfg), timeout_s=timeout)
         out.append(Finished(at_s=r.ended - t0, tenant=tenant.id, result=r))
+        if r.transport_error is not None:  # never spin on a broken connection
+            await asyncio.sleep(0.1)
         if r.status == 429:  # back off as told, but never past the deadline
             retry = float(r.headers.get("retry-after", "1") or 1)
             await asyncio.sleep(min(retry, 2.0, max(deadline - time.monotonic(), 0.0)))
@@ -143,9 +147,13 @@ async def _client(
 
 async def _sampler(
     stack: SoakStack, cfg: SoakConfig, t0: float, result: SoakResult, stop: asyncio.Event,
-    progress: Callable[[Sample], None],
+    progress: Callable[[Sample], None], abort: asyncio.Event,
 ) -> None:  # fmt: skip
     while not stop.is_set():
+        result.died = [f"{p.name}: exit status {p.popen.returncode}" for p in stack.processes if not p.alive()]
+        if result.died:
+            abort.set()
+            return
         probe = await asyncio.to_thread(_probe, stack)
         done = result.finished
         sample = Sample(
@@ -189,17 +197,18 @@ async def run_soak(
         result.before = await asyncio.to_thread(_probe, stack)
         t0 = time.monotonic()
         deadline = t0 + cfg.duration_s
-        stop = asyncio.Event()
-        sampler = asyncio.create_task(_sampler(stack, cfg, t0, result, stop, progress))
+        stop, abort = asyncio.Event(), asyncio.Event()
+        sampler = asyncio.create_task(_sampler(stack, cfg, t0, result, stop, progress, abort))
         connector = aiohttp.TCPConnector(limit=0, force_close=False)
         async with aiohttp.ClientSession(connector=connector) as session:
-            await asyncio.gather(*(_client(i, stack, cfg, session, deadline, t0, result.finished)
+            await asyncio.gather(*(_client(i, stack, cfg, session, deadline, t0, result.finished, abort)
                                    for i in range(cfg.clients)))  # fmt: skip
         result.elapsed_s = time.monotonic() - t0
         stop.set()
         await sampler
         await asyncio.sleep(cfg.settle_s)
         result.after = await asyncio.to_thread(_probe, stack)
-        result.ledger = await _ledger(stack, result.started_wall, cfg.tenants)
+        if not result.died:  # a dead gateway cannot be asked; the report says why the run stopped
+            result.ledger = await _ledger(stack, result.started_wall, cfg.tenants)
         result.gateway_exit_codes = [await asyncio.to_thread(g.terminate) for g in stack.gateways]
     return result

@@ -76,7 +76,8 @@ def client_totals(result: SoakResult) -> dict[str, dict[str, float]]:
 
 def checks(result: SoakResult) -> list[Check]:
     intended, unintended = errors_by_type(result)
-    out = [Check("only intended 429s", not unintended, ", ".join(f"{k}: {v}" for k, v in unintended.items()) or
+    out = [Check("every process of the stack ran to the end", not result.died, "; ".join(result.died) or "yes")]
+    out += [Check("only intended 429s", not unintended, ", ".join(f"{k}: {v}" for k, v in unintended.items()) or
                  f"{sum(intended.values())} intended 429s")]  # fmt: skip
     growth = rss_growth(result)
     known = [g for g in growth if g is not None]

@@ -94,6 +94,10 @@ class SoakStack:
     config_dir: Path
 
     @property
+    def processes(self) -> list[Proc]:
+        return [self.redis, *self.workers, *self.gateways]
+
+    @property
     def gateway_urls(self) -> list[str]:
         return [g.url for g in self.gateways]
 
@@ -130,7 +134,7 @@ def soak_stack(
             "GEARSHIFT_KEY_PEPPER": sec.pepper,
             "GEARSHIFT_ADMIN_KEY": sec.admin_key,
             "GEARSHIFT_HOST": "127.0.0.1",
-            "GEARSHIFT_LOG_LEVEL": "WARNING",
+            "GEARSHIFT_LOG_LEVEL": "INFO",
             **(gateway_env or {}),
         }
         gateways = []

@@ -108,4 +108,4 @@ async def running_gateway(
         await ledger.close()
         if upstream_session is None:
             await session.close()
-        tracing.shutdown()
+        await asyncio.to_thread(tracing.shutdown)  # flushes spans with blocking HTTP: keep it off the loop

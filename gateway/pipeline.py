@@ -13,7 +13,7 @@ import aiohttp
 import orjson
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 from starlette.types import Receive
 
 from fleet.store import UsageRecord
@@ -38,9 +38,8 @@ from gateway.metering import request_cost
 from gateway.pool import WorkerView
 from gateway.routing import RouteContext
 from gateway.sse import DONE, StreamMeter, Usage, usage_of
+from gateway.streaming import RelayResponse
 from gateway.upstream import Opened
-
-_SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +82,7 @@ async def complete(
             await call.abandon(exc)
             raise
         if req.stream and call.opened.response.status == 200:
-            return StreamingResponse(call.relay(), media_type="text/event-stream", headers=_SSE_HEADERS)
+            return RelayResponse(call.relay(), on_unfinished=call.abandon_stream)
         return await call.read_whole()
 
 
@@ -253,6 +252,11 @@ class Call:
             await settle()
         except Exception:  # store briefly away: the ledger writer retries it
             self.gw.ledger.submit(settle)
+
+    def abandon_stream(self) -> None:
+        """The stream response ended; if its body never finished metering (it may never have started), do it."""
+        if not self.finished:
+            self.meter_in_background("cancelled", None)
 
     def meter_in_background(self, status: str, usage: Usage | None, *, stream: StreamMeter | None = None) -> None:
         self.gw.ledger.submit(self._account(status, usage, stream=stream, error=None))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from gearshift import cli_gateway, cli_sim_lab, cli_soak, cli_worker
+from gearshift import cli_gateway, cli_profile, cli_sim_lab, cli_soak, cli_worker
 from gearshift.cli_bench import bench_app
 from gearshift.cli_controller import controller_app
 from gearshift.cli_sim import sim_app
@@ -26,6 +26,7 @@ app.add_typer(bench_app, name="bench")
 app.command("gateway")(cli_gateway.run)
 app.add_typer(controller_app, name="controller")
 app.command("top")(top)
+app.command("profile")(cli_profile.profile)
 
 
 def main() -> None:

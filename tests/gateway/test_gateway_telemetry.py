@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from aiohttp import web
 from conftest import StartUpstreams
 from gateway_harness import MODEL, make_fleet, make_tenants, serve_gateway
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 from prometheus_client.parser import text_string_to_metric_families
@@ -82,3 +84,33 @@ async def test_metric_labels_are_bounded(upstreams: StartUpstreams) -> None:
     assert any(
         s.labels.get("tier") == "interactive" and s.name.endswith("_count") and s.value == 1 for s in ttft.samples
     )
+
+
+async def test_spans_are_exported_over_otlp_when_configured(upstreams: StartUpstreams) -> None:
+    """A real OTLP/HTTP receiver on loopback gets the request's spans (protobuf) when the endpoint is set."""
+    (w,) = await upstreams(1)
+    received: list[ExportTraceServiceRequest] = []
+
+    async def collect(request: web.Request) -> web.Response:
+        received.append(ExportTraceServiceRequest.FromString(await request.read()))
+        return web.Response(status=200, content_type="application/x-protobuf")
+
+    app = web.Application()
+    app.router.add_post("/v1/traces", collect)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    endpoint = f"http://127.0.0.1:{runner.addresses[0][1]}/v1/traces"
+    try:
+        async with serve_gateway(make_fleet([w.url]), make_tenants(), otlp_endpoint=endpoint) as g, g.client() as c:
+            assert (await c.post("/v1/chat/completions", json=CHAT)).status_code == 200
+        # stopping the gateway flushed the batch
+        names = {s.name for req in received for rs in req.resource_spans for ss in rs.scope_spans for s in ss.spans}
+        services = {
+            a.value.string_value for req in received for rs in req.resource_spans for a in rs.resource.attributes
+            if a.key == "service.name"
+        }  # fmt: skip
+    finally:
+        await runner.cleanup()
+    assert names == {f"chat {MODEL}", "gearshift.admission", "gearshift.routing"}
+    assert services == {"gearshift-gateway"}

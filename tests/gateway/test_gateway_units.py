@@ -23,6 +23,7 @@ from gateway.metering import LedgerWriter, request_cost
 from gateway.metrics import GatewayMetrics
 from gateway.pool import WorkerView
 from gateway.sse import StreamMeter
+from gateway.streaming import RelayResponse
 
 
 # ------------------------------------------------------------------------------------------------- body
@@ -239,3 +240,25 @@ async def test_ledger_writer_retries_until_the_store_takes_the_record() -> None:
     await writer.close()
     assert (await store.usage("alpha", since=0, until=1e12)).requests == 1
     assert metrics.loop_errors.labels(loop="ledger")._value.get() == 3
+
+
+# ------------------------------------------------------------------------------------------- streaming
+async def test_relay_response_reports_a_body_that_never_started() -> None:
+    started, unfinished = [], []
+
+    async def body() -> Any:
+        started.append(True)
+        yield b"data: x\n\n"
+
+    async def disconnected() -> dict[str, Any]:
+        return {"type": "http.disconnect"}
+
+    async def slow_send(message: dict[str, Any]) -> None:
+        await asyncio.sleep(1)  # the client is gone before the headers are out
+
+    response = RelayResponse(body(), on_unfinished=lambda: unfinished.append(True))
+    scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}}
+    async with asyncio.timeout(5):
+        await response(scope, disconnected, slow_send)
+    assert started == []
+    assert unfinished == [True]

@@ -30,6 +30,8 @@ class ChaosProxy:
         self.mode = Mode.OK
         self.seen_headers: list[CIMultiDict[str]] = []
         self.bodies: list[bytes] = []
+        self.paths: list[str] = []
+        """Every request's method and path, in arrival order."""
         self.url = ""
         self.frozen_metrics = b""
         self.extra_response_headers: dict[str, str] = {}
@@ -54,6 +56,7 @@ class ChaosProxy:
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
+        self.paths.append(f"{request.method} {request.path_qs}")
         if request.path.startswith("/v1/"):
             self.seen_headers.append(CIMultiDict(request.headers))
             self.bodies.append(body)

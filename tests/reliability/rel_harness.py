@@ -41,6 +41,7 @@ FAST: dict[str, Any] = {
     "health_timeout_s": 0.5,
     "state_refresh_s": 0.05,
     "key_cache_ttl_s": 0.2,
+    "header_timeout_s": 1.0,
     "send_priority": True,
 }
 

@@ -71,8 +71,10 @@ def start_server(
         pytest.fail(str(exc), pytrace=False)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def vllm_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    """A real vLLM CPU server with run-time control in vLLM's default process layout, for one test module."""
+    """A real vLLM CPU server with run-time control in vLLM's default process layout, started once per session
+    and shared by test_real_engine.py and test_real_stack.py. Each module leaves it on its start-up schedule
+    (test_real_stack.py ends with a lease expiry; test_real_engine.py's first test checks that state)."""
     worker = tiny_worker(port=free_port(), model_dir=tiny_model_dir)
     yield from start_server(worker, tmp_path_factory.mktemp("vllm"), in_process_worker=False)

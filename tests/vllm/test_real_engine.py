@@ -1,12 +1,12 @@
 """The plugin on a real vLLM CPU engine: the schedule set over HTTP reaches the scheduler, and vLLM's own
 counters prove it.
 
-The server (one for this module, see conftest; vLLM's default process layout) serves a tiny random Llama
-with ngram speculation, k_max 4, table [[1, 8, 4]]. Decoded greedily the model repeats itself, so ngram
-drafts are proposed and accepted at every position. What the counters can show exactly: a draft never holds
-more than k tokens (vLLM's ngram proposer may propose fewer, when its match sits near the end of the text),
-so with k the accepted-per-position counters stay 0 at positions ≥ k, position k-1 is reached, mean draft
-length is ≤ k, and k = 1 makes every draft exactly one token long.
+The server (one per session, shared with test_real_stack.py, see conftest; vLLM's default process layout)
+serves a tiny random Llama with ngram speculation, k_max 4, table [[1, 8, 4]]. Decoded greedily the model
+repeats itself, so ngram drafts are proposed and accepted at every position. What the counters can show
+exactly: a draft never holds more than k tokens (vLLM's ngram proposer may propose fewer, when its match sits
+near the end of the text), so with k the accepted-per-position counters stay 0 at positions ≥ k, position
+k-1 is reached, mean draft length is ≤ k, and k = 1 makes every draft exactly one token long.
 """
 
 from __future__ import annotations

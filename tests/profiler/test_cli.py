@@ -1,0 +1,70 @@
+"""``gearshift profile`` against a ``gearshift sim serve`` subprocess: the command writes a loadable profile."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from _net import free_port, wait_for_port
+from typer.testing import CliRunner
+
+from fleet.perf import load_profile
+from gearshift.cli import app
+
+from .conftest import CONTROL_TOKEN
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture(scope="module")
+def sim_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """``gearshift sim serve`` (Kimi K3 profile, k_max 8) at 5× real time on a free port."""
+    port = free_port()
+    env = {**os.environ, "GEARSHIFT_CONTROL_TOKEN": CONTROL_TOKEN}
+    gearshift = str(Path(sys.executable).with_name("gearshift"))
+    argv = [gearshift, "sim", "serve", "--port", str(port), "--speedup", "5"]
+    log = tmp_path_factory.mktemp("sim") / "sim.log"
+    with log.open("wb") as sink:
+        proc = subprocess.Popen(argv, env=env, stdout=sink, stderr=subprocess.STDOUT)
+    try:
+        if not wait_for_port(port, timeout_s=20.0, alive=lambda: proc.poll() is None):
+            pytest.fail(f"gearshift sim serve did not start:\n{log.read_text()}")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def invoke(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(app, ["profile", *args], env={"GEARSHIFT_CONTROL_TOKEN": CONTROL_TOKEN})
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_profile_writes_a_loadable_profile(sim_url: str, tmp_path: Path) -> None:
+    out = tmp_path / "sim.yaml"
+    grid = ["--batch-sizes", "1,2,4", "--ks", "0,1,4", "--window-steps", "8"]
+    code, _, err = invoke("--worker", sim_url, "--out", str(out), "--name", "sim-profile", *grid)
+    assert code == 0, err
+    assert f"wrote {out}" in err
+    assert err.count("B=") == 9
+    profile = load_profile(out)
+    assert profile.name == "sim-profile"
+    assert profile.drafter.k_max == 8
+    assert profile.default_workload == "measured"
+    assert len(profile.acceptance["measured"].base) == 4
+
+
+def test_a_k_above_the_workers_k_max_is_refused_by_name(sim_url: str) -> None:
+    code, _, err = invoke("--worker", sim_url, "--ks", "0,9")
+    assert code == 1
+    assert "ks: [9] exceed the worker's k_max 8" in err
+
+
+def test_malformed_lists_are_usage_errors() -> None:
+    code, _, err = invoke("--worker", "http://127.0.0.1:9", "--batch-sizes", "1,x")
+    assert code == 2
+    assert "--batch-sizes" in err
