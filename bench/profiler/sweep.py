@@ -42,6 +42,8 @@ class SweepConfig:
     """Lease of each applied k, worker seconds; the start-up schedule is restored at the end."""
     batch_tolerance: float = 0.25
     """Largest accepted |measured batch − B| (sequences) before a point is rejected."""
+    warmup: bool = True
+    """Measure the grid's first point once and discard it (a fresh engine's first steps run slow)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +78,10 @@ async def sweep(worker: WorkerClient, config: SweepConfig, *, progress: Progress
             state = await worker.set_k(k, lease_s=config.lease_s)
             if any(row[2] != k for row in state.schedule):
                 raise ProfilerError(f"PUT k={k}: GET shows schedule {state.schedule}")
+            if config.warmup and not points:
+                await asyncio.wait_for(
+                    measure_point(worker, model, config.batch_sizes[0], k, config), config.point_timeout_s
+                )
             for b in config.batch_sizes:
                 point = await asyncio.wait_for(measure_point(worker, model, b, k, config), config.point_timeout_s)
                 points.append(point)
@@ -150,7 +156,11 @@ async def _until_all(events: list[asyncio.Event], tasks: list[asyncio.Task[None]
                 if task in tasks and task.exception() is not None:
                     raise ProfilerError(f"a stream failed: {task.exception()}")
                 if task in tasks and not all(e.is_set() for e in events):
-                    raise ProfilerError("a stream ended before every stream had its first token")
+                    started = sum(e.is_set() for e in events)
+                    raise ProfilerError(
+                        f"a stream ended when {started} of {len(events)} streams had their first token "
+                        "(the worker runs fewer at once than asked: check its max_num_seqs, or raise --max-tokens)"
+                    )
     finally:
         for w in waits:
             w.cancel()
