@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from fake_upstream import FakeUpstream
-
-StartUpstreams = Callable[..., Awaitable[list[FakeUpstream]]]
+from fake_upstream import FakeUpstream, StartUpstreams
 
 
 @pytest.fixture

@@ -7,6 +7,7 @@ and how many streams the client abandoned.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -168,3 +169,7 @@ class FakeUpstream:
     def _abandon(self) -> None:
         self.abandoned += 1
         self.abandoned_event.set()
+
+
+StartUpstreams = Callable[..., Awaitable[list[FakeUpstream]]]
+"""The ``upstreams`` fixture: starts fake workers on loopback and returns them."""

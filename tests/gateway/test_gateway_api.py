@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import httpx
 import orjson
-from conftest import StartUpstreams
+from fake_upstream import StartUpstreams
 from gateway_harness import MODEL, eventually, make_fleet, make_tenants, serve_gateway
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 5}

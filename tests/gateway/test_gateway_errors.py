@@ -8,8 +8,7 @@ from typing import Any
 import httpx
 import orjson
 import pytest
-from conftest import StartUpstreams
-from fake_upstream import Mode
+from fake_upstream import Mode, StartUpstreams
 from gateway_harness import MODEL, eventually, make_fleet, make_tenants, serve_gateway
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}

@@ -7,7 +7,7 @@ from urllib.parse import urlsplit
 
 import orjson
 import pytest
-from conftest import StartUpstreams
+from fake_upstream import StartUpstreams
 from gateway_harness import MODEL, RunningGateway, make_fleet, make_tenants, serve_gateway
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}

@@ -8,8 +8,7 @@ from collections.abc import AsyncIterator
 
 import httpx
 import pytest
-from conftest import StartUpstreams
-from fake_upstream import Mode
+from fake_upstream import Mode, StartUpstreams
 from gateway_harness import ADMIN_KEY, MODEL, RunningGateway, make_fleet, make_tenants, serve_gateway
 
 from fleet.config import FleetConfig, TenantsConfig

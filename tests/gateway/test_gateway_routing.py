@@ -6,7 +6,7 @@ import random
 from typing import Any
 
 import pytest
-from conftest import StartUpstreams
+from fake_upstream import StartUpstreams
 from gateway_harness import MODEL, eventually, make_fleet, make_tenants, serve_gateway
 
 from fleet.config import SpeculationPreference, TierConfig

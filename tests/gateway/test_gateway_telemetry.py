@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from aiohttp import web
-from conftest import StartUpstreams
+from fake_upstream import StartUpstreams
 from gateway_harness import MODEL, make_fleet, make_tenants, serve_gateway
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
