@@ -20,6 +20,7 @@ from fleet.config import FleetConfig, TenantsConfig
 from fleet.store import Store
 from gateway import errors
 from gateway.core import running_gateway
+from gateway.fastpath import STATUS_TYPES, GatewayApp, error_response
 from gateway.metrics import GatewayMetrics
 from gateway.middleware import RequestIdMiddleware
 from gateway.openapi import install_openapi
@@ -29,8 +30,6 @@ from gateway.routes_ops import router as ops_router
 from gateway.settings import GatewaySettings
 
 log = logging.getLogger(__name__)
-
-_STATUS_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error", 429: "rate_limit_error"}
 
 
 def create_app(
@@ -65,7 +64,7 @@ def create_app(
             app.state.gateway = gw
             yield
 
-    app = FastAPI(
+    app = GatewayApp(  # a FastAPI app whose two completion routes skip FastAPI's stack (gateway/fastpath.py)
         title="gearshift gateway",
         lifespan=lifespan,
         docs_url=None,
@@ -84,11 +83,7 @@ def create_app(
 
 
 def _error_response(request: Request, status: int, body: bytes, headers: Mapping[str, str] | None = None) -> Response:
-    gw = getattr(request.app.state, "gateway", None)
-    if gw is not None:
-        kind = _STATUS_TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
-        gw.metrics.errors.labels(type=kind, status=str(status)).inc()
-    return Response(body, status_code=status, headers=headers, media_type="application/json")
+    return error_response(getattr(request.app.state, "gateway", None), status, body, headers)
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -107,7 +102,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
-        kind = _STATUS_TYPES.get(exc.status_code, "invalid_request_error" if exc.status_code < 500 else "api_error")
+        kind = STATUS_TYPES.get(exc.status_code, "invalid_request_error" if exc.status_code < 500 else "api_error")
         return _error_response(request, exc.status_code, errors.error_body(str(exc.detail), type=kind), exc.headers)
 
     async def unexpected(request: Request, exc: Exception) -> Response:

@@ -9,6 +9,12 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 REQUEST_ID_HEADER = "x-request-id"
 
 
+def new_request_id() -> str:
+    """``req-`` and 128 random bits. Request ids are not secrets: the ``random`` module's PRNG (seeded from the
+    OS) instead of a urandom call per request."""
+    return f"req-{random.getrandbits(128):032x}"
+
+
 class RequestIdMiddleware:
     """Gives every request a new id, keeps it in ``scope["state"]["request_id"]`` and returns it in the
     ``x-request-id`` response header. A client's own ``x-request-id`` is not reused: the id keys the request's
@@ -16,18 +22,12 @@ class RequestIdMiddleware:
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
-        # Request ids are not secrets: a fast PRNG (seeded from the OS) instead of a urandom call per request.
-        self._rng = random.Random()
-
-    def new_request_id(self) -> str:
-        """``req-`` and 128 random bits."""
-        return f"req-{self._rng.getrandbits(128):032x}"
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        request_id = self.new_request_id()
+        request_id = new_request_id()
         scope.setdefault("state", {})["request_id"] = request_id
         header = (REQUEST_ID_HEADER.encode(), request_id.encode())
 

@@ -49,6 +49,7 @@ def profile(
     temperature: Annotated[float, typer.Option("--temperature", min=0.0, help="Sampling temperature.")] = 0.0,
     workload: Annotated[str, typer.Option("--workload", help="Acceptance class name to write.")] = "measured",
     point_timeout_s: Annotated[float, typer.Option("--point-timeout", help="Seconds per point.")] = 120.0,
+    poll_s: Annotated[float, typer.Option("--poll", min=0.001, help="Seconds between /metrics scrapes.")] = 0.1,
 ) -> None:
     """Sweep a live worker over batch sizes and k through its control API, measure step time and per-position
     acceptance from its /metrics, and fit the profile's step-time parameters (least squares). The control
@@ -61,6 +62,7 @@ def profile(
         temperature=temperature,
         max_tokens=max_tokens,
         point_timeout_s=point_timeout_s,
+        poll_s=poll_s,
     )
     try:
         base_profile = load_profile(base)

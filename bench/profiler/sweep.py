@@ -36,12 +36,15 @@ class SweepConfig:
     """Tokens per stream; None = 4 · window_steps · (k + 1) + 64, so no stream ends inside the window."""
     point_timeout_s: float = 60.0
     """Wall-clock limit of one point (start-up, window and drain together), seconds."""
-    poll_s: float = 0.01
-    """Wall-clock interval between scrapes while waiting for the window, seconds."""
+    poll_s: float = 0.1
+    """Wall-clock interval between scrapes while waiting for the window, seconds. Scraping a real vLLM server
+    costs its API process CPU time, so keep it well above the step time on small machines."""
     lease_s: float = 300.0
     """Lease of each applied k, worker seconds; the start-up schedule is restored at the end."""
     batch_tolerance: float = 0.25
     """Largest accepted |measured batch − B| (sequences) before a point is rejected."""
+    quiet_s: float = 0.5
+    """Wall-clock seconds without an engine step after which the worker counts as drained."""
     warmup: bool = True
     """Measure the grid's first point once and discard it (a fresh engine's first steps run slow)."""
 
@@ -79,11 +82,9 @@ async def sweep(worker: WorkerClient, config: SweepConfig, *, progress: Progress
             if any(row[2] != k for row in state.schedule):
                 raise ProfilerError(f"PUT k={k}: GET shows schedule {state.schedule}")
             if config.warmup and not points:
-                await asyncio.wait_for(
-                    measure_point(worker, model, config.batch_sizes[0], k, config), config.point_timeout_s
-                )
+                await _timed(measure_point(worker, model, config.batch_sizes[0], k, config), config, "warm-up")
             for b in config.batch_sizes:
-                point = await asyncio.wait_for(measure_point(worker, model, b, k, config), config.point_timeout_s)
+                point = await _timed(measure_point(worker, model, b, k, config), config, f"B={b} k={k}")
                 points.append(point)
                 if progress is not None:
                     progress(point)
@@ -91,6 +92,13 @@ async def sweep(worker: WorkerClient, config: SweepConfig, *, progress: Progress
         version = (await worker.speculation()).version + 1
         await worker.set_fallback(start.fallback_schedule, version=version)
     return points
+
+
+async def _timed(point: Awaitable[Point], config: SweepConfig, what: str) -> Point:
+    try:
+        return await asyncio.wait_for(point, config.point_timeout_s)
+    except TimeoutError as exc:
+        raise ProfilerError(f"{what}: no steady window within {config.point_timeout_s:g} s") from exc
 
 
 async def measure_point(worker: WorkerClient, model: str, batch: int, k: int, config: SweepConfig) -> Point:
@@ -113,13 +121,29 @@ async def measure_point(worker: WorkerClient, model: str, batch: int, k: int, co
     try:
         await _until_all(firsts, tasks)
         s1 = await worker.snapshot()
-        s2 = await _poll(worker.snapshot, lambda s: s.steps - s1.steps >= config.window_steps, config.poll_s)
+        s2 = await _poll(worker.snapshot, lambda s: s.steps - s1.steps >= config.window_steps, tasks, config.poll_s)
     finally:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-    await _poll(worker.snapshot, lambda s: s.running == 0 and s.waiting == 0, config.poll_s)
+    await _drain(worker, config)
     return _point(batch, k, base, s1, s2, config)
+
+
+async def _drain(worker: WorkerClient, config: SweepConfig) -> None:
+    """Until the abandoned streams have left the engine: its gauges read idle, or its step counter stood still
+    for ``quiet_s`` (vLLM refreshes the gauges only on engine steps, so after the last abort they can stay stale)."""
+    last = await worker.snapshot()
+    still_since = asyncio.get_running_loop().time()
+    while not (last.running == 0 and last.waiting == 0):
+        await asyncio.sleep(config.poll_s)
+        snap = await worker.snapshot()
+        now = asyncio.get_running_loop().time()
+        if snap.steps != last.steps:
+            still_since = now
+        elif now - still_since >= config.quiet_s:
+            return
+        last = snap
 
 
 def _point(batch: int, k: int, base: Snapshot, s1: Snapshot, s2: Snapshot, config: SweepConfig) -> Point:
@@ -166,10 +190,20 @@ async def _until_all(events: list[asyncio.Event], tasks: list[asyncio.Task[None]
             w.cancel()
 
 
-async def _poll(read: Callable[[], Awaitable[Snapshot]], done: Callable[[Snapshot], bool], every_s: float) -> Snapshot:
-    """Scrape until ``done``; the caller bounds the time (``asyncio.wait_for``)."""
+async def _poll(
+    read: Callable[[], Awaitable[Snapshot]],
+    done: Callable[[Snapshot], bool],
+    streams: list[asyncio.Task[None]],
+    every_s: float,
+) -> Snapshot:
+    """Scrape until ``done``; fails if every stream ended first. The caller bounds the time (``wait_for``)."""
     while True:
+        ended = all(t.done() for t in streams)
         snap = await read()
         if done(snap):
             return snap
+        if ended:
+            raise ProfilerError(
+                "every stream ended before the window closed: raise --max-tokens or lower --window-steps"
+            )
         await asyncio.sleep(every_s)

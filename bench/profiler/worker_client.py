@@ -80,9 +80,16 @@ class WorkerClient:
             if response.status_code != 200:
                 await response.aread()
                 _check(response, "POST /v1/completions")
+            events, last = 0, ""
             async for line in response.aiter_lines():
                 if line.startswith("data: {"):
+                    events += 1
                     first.set()
+                last = line or last
+        if events == 0 or '"error"' in last:
+            raise ProfilerError(
+                f"POST /v1/completions: the stream ended after {events} events; last line {last[:300]!r}"
+            )
 
 
 def _check(response: httpx.Response, what: str) -> None:

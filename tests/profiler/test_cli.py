@@ -46,7 +46,7 @@ def invoke(*args: str) -> tuple[int, str, str]:
 
 def test_profile_writes_a_loadable_profile(sim_url: str, tmp_path: Path) -> None:
     out = tmp_path / "sim.yaml"
-    grid = ["--batch-sizes", "1,2,4", "--ks", "0,1,4", "--window-steps", "8"]
+    grid = ["--batch-sizes", "1,2,4", "--ks", "0,1,4", "--window-steps", "8", "--poll", "0.02"]
     code, _, err = invoke("--worker", sim_url, "--out", str(out), "--name", "sim-profile", *grid)
     assert code == 0, err
     assert f"wrote {out}" in err

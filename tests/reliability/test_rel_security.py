@@ -113,9 +113,7 @@ async def test_a_tenant_reads_only_its_own_usage(chaos: ChaosProxy) -> None:
             assert (await c.get("/v1/usage/beta")).status_code in (404, 405)
 
 
-async def test_no_request_field_or_header_redirects_the_upstream(
-    chaos: ChaosProxy, shared_workers: list[Proc]
-) -> None:
+async def test_no_request_field_or_header_redirects_the_upstream(chaos: ChaosProxy, shared_workers: list[Proc]) -> None:
     canary = await ChaosProxy(shared_workers[1].url).start()  # not in the fleet: any request reaching it is an SSRF
     evil = canary.url + "/v1/chat/completions"
     host = canary.url.removeprefix("http://")
