@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -142,7 +143,18 @@ async def live_gateway(
     try:
         yield LiveGateway(url=server.url, gw=server.gateway, store=store, server=server)
     finally:
-        await asyncio.wait_for(server.stop(), timeout=15)
+        stopping = asyncio.ensure_future(server.stop())
+        done, _ = await asyncio.wait({stopping}, timeout=15)
+        if not done:
+            raise AssertionError(f"the gateway did not stop within 15 s; its tasks:\n{_task_stacks()}")
+        stopping.result()
+
+
+def _task_stacks() -> str:
+    out = io.StringIO()
+    for task in asyncio.all_tasks():
+        task.print_stack(limit=8, file=out)
+    return out.getvalue()
 
 
 async def eventually(check: Callable[[], Awaitable[bool] | bool], *, timeout_s: float = 5.0) -> None:
