@@ -10,8 +10,10 @@ Split (modelled from the corrected profile at the window's mean decode batch and
   window cost, where the rejected fraction ``(draft tokens − accepted)/draft tokens`` is measured: the extra
   verification work a step does for its k drafts, in the proportion of them that was thrown away;
 - *counterfactual k=0*: the same output tokens at the same mean batch need ``tokens / B`` steps of the k=0 step
-  time; idle time is kept, busy time replaced, so ``savings = cost at k=0 − cost`` (negative when speculation
-  cost more than it saved).
+  time; idle time is kept and the busy time (modelled, at most the window) is scaled by the modelled ratio
+  ``(tokens / B × T(B, 0)) / (steps × T(B, k))`` (a ratio, so a model that over- or under-predicts the step time
+  cannot invent savings: at k=0 the ratio is 1 and the counterfactual is the actual cost), so
+  ``savings = cost at k=0 − cost`` (negative when speculation cost more than it saved).
 
 Per tenant (``attribute_to_tenants``): each worker's cost over a period is split over the requests that ran on
 it in proportion to the batch-slot time they held — decode time ``TPOT × (output tokens − 1)`` plus prompt
@@ -66,9 +68,7 @@ def worker_cost(*, usd_per_s: float, window: Window, current: Candidate, k0: Can
     rejected_frac = (window.draft_tokens - window.accepted) / window.draft_tokens if window.draft_tokens > 0 else 0.0
     extra_verify_s = max(current.target_s - k0.target_s, 0.0)
     rejected_usd = usd_per_s * window.steps * extra_verify_s * rejected_frac
-    batch = window.decode_batch
-    busy_k0 = window.generation_tokens / batch * k0.step_s if batch > 0 else busy
-    usd_k0 = usd_per_s * (window.duration_s - busy + busy_k0)
+    usd_k0 = usd_per_s * (window.duration_s - busy + busy * _k0_time_ratio(window, current, k0))
     return WorkerCost(
         window_s=window.duration_s,
         usd=usd,
@@ -77,6 +77,18 @@ def worker_cost(*, usd_per_s: float, window: Window, current: Candidate, k0: Can
         rejected_share=min(rejected_usd / usd, 1.0) if usd > 0 else 0.0,
         usd_k0=usd_k0,
     )
+
+
+def _k0_time_ratio(window: Window, current: Candidate, k0: Candidate) -> float:
+    """Modelled busy time at k=0 over modelled busy time at the window's k, for the window's output tokens.
+
+    A ratio of two modelled times, so that it applies to the busy time however the model errs (it may
+    over- or under-predict): at k=0 it is exactly 1 and the counterfactual equals the actual cost."""
+    batch = window.decode_batch
+    modelled = window.steps * current.step_s
+    if window.k == 0 or batch <= 0 or modelled <= 0:
+        return 1.0
+    return window.generation_tokens / batch * k0.step_s / modelled
 
 
 def prefill_seconds_per_token(profile: Profile) -> float:

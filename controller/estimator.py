@@ -2,7 +2,8 @@
 
 - **Acceptance**: exponentially weighted sums of drafts and accepted tokens per draft position, so
   ``a_i = accepted_i / drafts_i`` and the conditional ``p_i = a_i / a_{i-1}``. Positions the worker has not
-  drafted (at or above the k in force) keep what was last seen; positions never seen use the profile's prior,
+  drafted (at or above the k in force) keep what was last seen for ``position_max_age`` windows, then count as
+  unobserved; positions unobserved use the profile's prior,
   shifted by how the observed positions compare with their prior (in rejection-odds: ``1 − p`` scaled by the
   mean observed ``(1 − p̂)/(1 − prior)``), and every position is shrunk toward that prior with a pseudo-count.
 - **Load**: mean decode batch per step from counters (never the instantaneous gauge, vLLM #49548), queue,
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from controller.classes import fit_mix
 from controller.model import predict_step
 from controller.window import Window
 from fleet.perf import Profile, conditional_acceptance
@@ -34,6 +36,9 @@ class EstimatorConfig(BaseModel):
     """Pseudo-count of drafts behind the prior at each position (shrinkage strength)."""
     min_drafts: float = Field(20.0, ge=0)
     """Drafts a position needs before it counts as observed."""
+    position_max_age: int = Field(15, ge=1)
+    """Windows after which a position not drafted since (at or above the k in force) counts as unobserved and
+    follows the shifted prior, so a workload shift seen at the low positions reaches the high ones."""
     correction_bounds: tuple[float, float] = (0.05, 20.0)
     """Clamp of the step-time correction (wide enough for simulated workers running up to 20× real time)."""
 
@@ -65,6 +70,9 @@ class Estimate:
     windows: int = 0
     stale: bool = False
     stale_for_s: float = 0.0
+    class_mix: tuple[tuple[str, float], ...] = ()
+    """The profile's workload classes that best explain the observed per-position acceptance, with their share of
+    request-steps (``controller.classes``); empty before any drafts."""
 
 
 def _ewma(old: float | None, new: float, alpha: float) -> float:
@@ -82,6 +90,8 @@ class WorkerEstimator:
     prior_workload: str | None = None
     drafts_at: list[float] = field(default_factory=list)
     accepted_at: list[float] = field(default_factory=list)
+    seen_at: list[int] = field(default_factory=list)
+    """Per position, the window count when it was last drafted."""
     batch: float | None = None
     context_per_seq: float | None = None
     prefill_per_token: float | None = None
@@ -97,6 +107,7 @@ class WorkerEstimator:
     def __post_init__(self) -> None:
         self.drafts_at = self.drafts_at or [0.0] * self.k_max
         self.accepted_at = self.accepted_at or [0.0] * self.k_max
+        self.seen_at = self.seen_at or [0] * self.k_max
 
     def update(self, w: Window) -> None:
         """Fold one window into the smoothed state."""
@@ -119,6 +130,7 @@ class WorkerEstimator:
                 acc = w.accepted_per_pos[i] if i < len(w.accepted_per_pos) else 0.0
                 self.drafts_at[i] = (1 - a) * self.drafts_at[i] + w.drafts
                 self.accepted_at[i] = (1 - a) * self.accepted_at[i] + acc
+                self.seen_at[i] = self.windows
         self._update_correction(w)
 
     def _update_correction(self, w: Window) -> None:
@@ -148,8 +160,8 @@ class WorkerEstimator:
         cfg = self.config
         raw: list[float] = []
         prev_a = 1.0
-        for d, acc in zip(self.drafts_at, self.accepted_at, strict=True):
-            if d < cfg.min_drafts or prev_a <= 0:
+        for d, acc, seen in zip(self.drafts_at, self.accepted_at, self.seen_at, strict=True):
+            if d < cfg.min_drafts or prev_a <= 0 or self.windows - seen > cfg.position_max_age:
                 break
             a_i = acc / d
             raw.append(min(a_i / prev_a, 1.0))
@@ -188,4 +200,12 @@ class WorkerEstimator:
             windows=self.windows,
             stale=stale,
             stale_for_s=stale_for_s,
+            class_mix=self.class_mix(),
         )
+
+    def class_mix(self) -> tuple[tuple[str, float], ...]:
+        """The fitted mix of workload classes (``controller.classes.fit_mix``) over the observed positions."""
+        observed = [
+            (acc / d, d) for d, acc in zip(self.drafts_at, self.accepted_at, strict=True) if d >= self.config.min_drafts
+        ]
+        return fit_mix(self.profile, observed, self.context_per_seq or 0.0)

@@ -5,7 +5,10 @@ For every candidate k in the tier set (≤ the worker's k_max) it predicts the m
 ``T(B, k) = fleet.perf.step_time × correction`` at the mean decode batch B, carrying the prefill that comes with
 the tokens it emits (prompt tokens per output token × B × AL(k)), hence goodput ``B·AL/T`` (tokens/s) and TPOT
 ``T/AL`` (seconds). It picks the k with the highest goodput among those whose TPOT meets the target of
-the tiers the worker serves; if none does, the k with the lowest TPOT, flagged ``overloaded``.
+the tiers the worker serves; if none does, the k with the lowest TPOT (the most goodput within
+``overload_tpot_tolerance`` of it), flagged ``overloaded``. The TPOT checked is that of the slowest workload
+class with a material share of the worker's traffic (``controller.classes``), not the blended mean: a chat
+request sharing a batch with maths sees the same step time but far fewer accepted tokens per step.
 
 One k per worker, not a per-batch-size table: the decode batch is measured as a mean over a window, and a table
 keyed on the instantaneous batch (which includes prefills and flickers) is what collapses throughput at its
@@ -20,6 +23,7 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from controller.classes import slowest_al_ratio
 from controller.estimator import Estimate
 from controller.model import predict_step
 from fleet.perf import Profile, expected_tokens_per_step
@@ -38,6 +42,20 @@ class PolicyConfig(BaseModel):
     """Preemptions per second above which k must come down."""
     collapse_accepted_length: float = Field(1.15, ge=1)
     """Observed tokens per request-step at the current k below which acceptance has collapsed: k → 0."""
+    tpot_margin: float = Field(0.1, ge=0, lt=1)
+    """A k above the current one counts as meeting the TPOT target only with this fraction to spare (hysteresis:
+    the prediction is noisy, and a k that only just meets the target would be taken down again at once)."""
+    overload_tpot_tolerance: float = Field(0.05, ge=0)
+    """A k whose slowest-class TPOT is within this fraction of the lowest any k achieves is acceptable even if it
+    misses the target (no k would serve that class materially faster, so the other classes need not pay for it),
+    and when no k meets the target the choice is the most goodput among those (the TPOT curve is flat near its
+    minimum, and its noisy argmin flaps between neighbours)."""
+    overload_queue: float = Field(1.0, ge=0)
+    """Mean waiting requests at or above which an overloaded worker maximises goodput (drains its queue)
+    rather than per-user speed."""
+    class_min_share: float = Field(0.1, ge=0, le=1)
+    """Share of request-steps a workload class needs in the fitted mix (``controller.classes``) before its own
+    TPOT, rather than the blended one, must meet the target."""
 
 
 class Risk(StrEnum):
@@ -61,6 +79,13 @@ class Candidate:
     tpot_s: float
     feasible: bool
     allowed: bool
+    tpot_slowest_s: float | None = None
+    """TPOT of the slowest workload class with a material share of the traffic (None: same as ``tpot_s``)."""
+
+    @property
+    def tpot_worst_s(self) -> float:
+        """The TPOT the target is checked against, seconds."""
+        return self.tpot_slowest_s if self.tpot_slowest_s is not None else self.tpot_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +103,9 @@ class Decision:
         return next((c for c in self.candidates if c.k == k), None)
 
 
-def _predict(est: Estimate, profile: Profile, k: int, target: float | None, allowed: bool) -> Candidate:
+def _predict(
+    est: Estimate, profile: Profile, k: int, target: float | None, allowed: bool, min_share: float
+) -> Candidate:
     batch = max(est.batch, 1.0)
     al = expected_tokens_per_step(est.conditional, k)
     prefill = est.prefill_per_token * batch * al  # the prompts that follow the tokens this step emits
@@ -86,6 +113,7 @@ def _predict(est: Estimate, profile: Profile, k: int, target: float | None, allo
     c = est.step_correction
     step = raw.total_s * c
     tpot = step / al
+    slowest = tpot / slowest_al_ratio(profile, est.class_mix, k, est.context_per_seq, min_share=min_share)
     return Candidate(
         k=k,
         step_s=step,
@@ -94,8 +122,9 @@ def _predict(est: Estimate, profile: Profile, k: int, target: float | None, allo
         accepted_length=al,
         goodput_tok_s=batch * al / step,
         tpot_s=tpot,
-        feasible=target is None or tpot <= target,
+        feasible=target is None or slowest <= target,
         allowed=allowed,
+        tpot_slowest_s=slowest if slowest != tpot else None,
     )
 
 
@@ -121,18 +150,27 @@ def decide(est: Estimate, profile: Profile, *, tpot_target_s: float | None, conf
     """Choose the k for one worker (pure: same inputs, same decision)."""
     ks = sorted({k for k in config.k_tiers if k <= est.k_max} | {min(est.k_current, est.k_max)})
     risk, risk_text = _risk(est, config)
-    cands = tuple(_predict(est, profile, k, tpot_target_s, _allowed(k, est, risk)) for k in ks)
+    margin = 1.0 - config.tpot_margin
+
+    def target_for(k: int) -> float | None:
+        return tpot_target_s * margin if tpot_target_s is not None and k > est.k_current else tpot_target_s
+
+    cands = tuple(
+        _predict(est, profile, k, target_for(k), _allowed(k, est, risk), config.class_min_share) for k in ks
+    )
     allowed = [c for c in cands if c.allowed]
     feasible = [c for c in allowed if c.feasible]
     overloaded = not feasible
     if feasible:
-        best = max(feasible, key=lambda c: (c.goodput_tok_s, -c.k))
+        fastest = min(c.tpot_worst_s for c in allowed)
+        near = [c for c in allowed if c.tpot_worst_s <= fastest * (1 + config.overload_tpot_tolerance)]
+        best = max({c.k: c for c in feasible + near}.values(), key=lambda c: (c.goodput_tok_s, -c.k))
     else:
-        best = min(allowed, key=lambda c: (c.tpot_s, c.k))
+        best = _overloaded_choice(est, allowed, config)
     current = next(c for c in cands if c.k == min(est.k_current, est.k_max))
     gain = best.goodput_tok_s / current.goodput_tok_s - 1 if current.goodput_tok_s > 0 else 0.0
     if risk is Risk.NONE and not current.feasible and best.feasible:
-        risk, risk_text = Risk.SLA, f"TPOT at k={current.k} {current.tpot_s * 1e3:.1f} ms misses the target"
+        risk, risk_text = Risk.SLA, f"TPOT at k={current.k} {current.tpot_worst_s * 1e3:.1f} ms misses the target"
     return Decision(
         worker_id=est.worker_id,
         k=best.k,
@@ -142,6 +180,17 @@ def decide(est: Estimate, profile: Profile, *, tpot_target_s: float | None, conf
         gain=gain,
         reason=_reason(est, best, current, gain, overloaded, risk_text, tpot_target_s),
     )
+
+
+def _overloaded_choice(est: Estimate, allowed: list[Candidate], config: PolicyConfig) -> Candidate:
+    """No k meets the target. With requests queueing, the k with the most goodput: a waiting user's speed is set
+    by how fast the queue drains. Otherwise the k with the lowest TPOT of the slowest class (the most goodput
+    within ``overload_tpot_tolerance`` of it)."""
+    if est.waiting >= config.overload_queue:
+        return max(allowed, key=lambda c: (c.goodput_tok_s, -c.k))
+    fastest = min(c.tpot_worst_s for c in allowed)
+    near = [c for c in allowed if c.tpot_worst_s <= fastest * (1 + config.overload_tpot_tolerance)]
+    return max(near, key=lambda c: (c.goodput_tok_s, -c.k))
 
 
 def _reason(
@@ -156,7 +205,10 @@ def _reason(
     parts = [f"k={best.k}: goodput {best.goodput_tok_s:.0f} tok/s ({gain:+.0%} vs k={current.k})"]
     target_text = f"target {target * 1e3:.0f} ms" if target is not None else "no TPOT target"
     verdict = "no k meets the target: max per-user speed, overloaded" if overloaded else target_text
-    parts.append(f"TPOT {best.tpot_s * 1e3:.1f} ms ({verdict})")
+    slowest = f", slowest class {best.tpot_slowest_s * 1e3:.1f} ms" if best.tpot_slowest_s is not None else ""
+    parts.append(f"TPOT {best.tpot_s * 1e3:.1f} ms{slowest} ({verdict})")
+    if len(est.class_mix) > 1:
+        parts.append("mix " + ", ".join(f"{c} {share:.0%}" for c, share in est.class_mix))
     parts.append(f"B={est.batch:.1f}, AL={best.accepted_length:.2f}")
     if est.drafts_seen <= 0:
         parts.append("no drafts seen yet: acceptance from the profile prior")

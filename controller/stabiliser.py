@@ -8,7 +8,8 @@ A pure step function ``stabilise(state, decision, estimate, now) -> (state, acti
 4. **Fast down**: when the policy flags a risk (KV, preemptions, acceptance collapse, a missed TPOT target) and
    wants a lower k, switch at once, ignoring dwell. A collapse schedules a re-probe after ``collapse_reprobe_s``.
 5. **Probe due**: every ``probe_interval_s`` below k_max, if the policy predicts k_max costs at most
-   ``probe_max_loss`` of goodput — positions above the current k are unobservable otherwise.
+   ``probe_max_loss`` of goodput and meets the TPOT target — positions above the current k are unobservable
+   otherwise.
 6. **Normal**: a recommendation counts only if its predicted gain exceeds ``gain_threshold``; after
    ``min_dwell_s`` at the current k, go up when the last ``up_ticks`` recommendations were all higher (to the
    lowest of them), down when the last ``down_ticks`` were all lower (to the highest of them).
@@ -32,7 +33,9 @@ class StabiliserConfig(BaseModel):
     up_ticks: int = Field(3, ge=1)
     down_ticks: int = Field(2, ge=1)
     min_dwell_s: float = Field(10.0, ge=0)
-    probe_interval_s: float = Field(60.0, gt=0)
+    probe_interval_s: float = Field(120.0, gt=0)
+    """Seconds between periodic probes; every probe is two switches, so this bounds their share of the switch
+    rate (1 per worker-minute at 120 s)."""
     probe_s: float = Field(4.0, gt=0)
     """How long a probe holds k_max: at least two ticks (the window that contains the switch is discarded)."""
     probe_max_loss: float = Field(0.25, ge=0, le=1)
@@ -140,6 +143,8 @@ def _probe(
         top, cur = decision.candidate(est.k_max), decision.candidate(state.k)
         if top is None or cur is None or top.goodput_tok_s < (1 - cfg.probe_max_loss) * cur.goodput_tok_s:
             return None
+        if not top.feasible:
+            return None  # a probe would break (or deepen a miss of) the TPOT target
         why = "periodic probe: positions above the current k are unobservable"
     new = replace(
         state, k=est.k_max, since_s=now, history=(), probe_until_s=now + cfg.probe_s, last_probe_s=now,

@@ -53,6 +53,7 @@ from fleet.store import (
     WindowLimit,
     WorkerState,
 )
+from fleet.store_cancel import cancellation_safe
 from fleet.store_ledger import ROLLUP_SIZES_S
 from fleet.store_memory import key_record, sort_keys
 
@@ -79,6 +80,7 @@ def _limit_args(lim: Limit) -> list[str]:
     return ["b", _num(lim.limit_usd), "", ""]
 
 
+@cancellation_safe
 class RedisStore:
     """``Store`` on Redis. Owns ``client`` (``close`` closes it); build one with ``from_url``."""
 

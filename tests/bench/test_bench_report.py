@@ -8,7 +8,8 @@ from bench.frontier import throughput_at
 from bench.metrics import CostSplit, PhaseMetrics, RunMetrics
 from bench.scenario import Scenario
 from bench.suite import CONTROLLER, ORACLE, STATIC_KS, SuiteResult, static_name
-from bench.targets import T_K0, T_MIXED, T_ORACLE, T_SWITCHES, checks
+from bench.report import ceiling_note
+from bench.targets import T_K0, T_MIXED, T_ORACLE, T_SWITCHES, checks, mixed_ceiling
 
 SCENARIO = Scenario.model_validate(
     {
@@ -64,6 +65,23 @@ def test_a_controller_matching_the_oracle_meets_all_but_the_mixed_gain() -> None
 def test_misses_are_reported() -> None:
     got = _by_target(_result(_metrics(CONTROLLER, 150.0, 90.0, switches=2.0)))
     assert got == {T_ORACLE: [False], T_MIXED: [False], T_K0: [False], T_SWITCHES: [False]}
+
+
+def test_the_mixed_check_states_the_oracles_own_margin_over_the_best_static_k() -> None:
+    result = _result(_metrics(CONTROLLER, 200.0, 98.0))
+    # the oracle (150) over the best static k=8 (125): +20.0 %; the controller (149): +19.2 %
+    assert mixed_ceiling(result) == [("mix", pytest.approx(0.2))]
+    mixed = next(c for c in checks(result) if c.target == T_MIXED)
+    assert "+19.2% vs k=8" in mixed.value
+    assert "oracle's own margin +20.0%" in mixed.value
+
+
+def test_the_report_says_when_the_mixed_target_is_out_of_the_oracles_reach() -> None:
+    result = _result(_metrics(CONTROLLER, 200.0, 98.0))
+    result.runs["mix", ORACLE] = _metrics(ORACLE, 200.0, 60.0)  # 130: +4 % over k=8
+    note = " ".join(ceiling_note(result))
+    assert "mix +4.0%" in note
+    assert "out of reach" in note
 
 
 def test_throughput_at_matched_speed_interpolates_on_the_frontier() -> None:

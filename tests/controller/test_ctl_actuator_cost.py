@@ -105,6 +105,23 @@ def test_idle_time_is_paid_by_the_tokens_and_kept_in_the_counterfactual() -> Non
     assert cost.usd_k0 == pytest.approx(10.0 - 0.14 + 30 * 0.010)
 
 
+@pytest.mark.parametrize("duration_s", [0.5, 1.0, 3.0])
+def test_the_k0_counterfactual_of_a_k0_window_is_the_actual_cost(duration_s: float) -> None:
+    # the model predicts 100 steps × 10 ms = 1 s busy; the window lasted less (model too slow), as long, or longer
+    k0 = cand(0, 0.010, 0.0, 1.0)
+    w = window(k=0, steps=100, batch=8, al=1.0, duration_s=duration_s)
+    cost = worker_cost(usd_per_s=0.01, window=w, current=k0, k0=k0)
+    assert cost.usd_k0 == pytest.approx(cost.usd)
+    assert cost.savings_usd == pytest.approx(0.0, abs=1e-12)
+
+
+def test_counterfactual_scales_the_busy_time_when_the_model_over_predicts_it() -> None:
+    k4, k0 = cand(4, 0.012, 0.002, 3.0), cand(0, 0.010, 0.0, 1.0)
+    w = window(k=4, steps=100, batch=8, al=3.0, duration_s=0.7)  # modelled 1.4 s of steps in a 0.7 s window
+    cost = worker_cost(usd_per_s=1.0, window=w, current=k4, k0=k0)
+    assert cost.usd_k0 == pytest.approx(0.7 * 3.0 / 1.4)
+
+
 def record(tenant: str, worker_id: str | None, completion: int, tpot: float | None, prompt: int = 0) -> UsageRecord:
     return UsageRecord(
         request_id=f"{tenant}-{completion}", tenant=tenant, model="kimi-k3", worker_id=worker_id,

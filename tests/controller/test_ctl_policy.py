@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import operator
 from dataclasses import replace
+from itertools import accumulate
 
 import pytest
 from ctl_helpers import make_estimate
 
+from controller.estimator import Estimate
 from controller.policy import PolicyConfig, Risk, decide
 from fleet.perf import Profile, conditional_acceptance
 
@@ -87,7 +90,59 @@ def test_infeasible_target_maximises_per_user_speed_and_flags_overload(lab_profi
 def test_feasible_target_is_not_overloaded(lab_profile: Profile) -> None:
     d = decide(make_estimate(lab_profile, batch=4.0), lab_profile, tpot_target_s=0.05, config=CFG)
     assert not d.overloaded
-    assert all(c.feasible == (c.tpot_s <= 0.05) for c in d.candidates)
+    margin = 1 - CFG.tpot_margin  # a k above the current 4 needs the margin to spare
+    assert all(c.feasible == (c.tpot_s <= 0.05 * (margin if c.k > 4 else 1.0)) for c in d.candidates)
+
+
+def test_a_k_above_the_current_one_needs_the_margin_to_meet_the_target(lab_profile: Profile) -> None:
+    at8 = decide(make_estimate(lab_profile, batch=8.0, k_current=8), lab_profile, tpot_target_s=None, config=CFG)
+    c8 = at8.candidate(8)
+    assert c8 is not None
+    target = c8.tpot_s / (1 - CFG.tpot_margin / 2)  # met, with half the margin to spare
+    stay = decide(make_estimate(lab_profile, batch=8.0, k_current=8), lab_profile, tpot_target_s=target, config=CFG)
+    rise = decide(make_estimate(lab_profile, batch=8.0, k_current=2), lab_profile, tpot_target_s=target, config=CFG)
+    assert stay.candidate(8).feasible  # type: ignore[union-attr]
+    assert not rise.candidate(8).feasible  # type: ignore[union-attr]
+
+
+MIX = (("maths", 0.5), ("chat", 0.5))
+
+
+def mixed_estimate(profile: Profile, **overrides: object) -> Estimate:
+    """Half the request-steps maths, half chat: the worker's blended acceptance and its fitted mix."""
+    curves = [list(accumulate(conditional_acceptance(profile, c, 2000), operator.mul)) for c, _ in MIX]
+    blend = [sum(s * curve[i] for (_, s), curve in zip(MIX, curves, strict=True)) for i in range(8)]
+    cond = tuple(a / b for a, b in zip(blend, [1.0, *blend[:-1]], strict=True))
+    base = make_estimate(profile, conditional=cond, class_mix=MIX, k_current=8, observed_positions=8)
+    return replace(base, **overrides)  # type: ignore[arg-type]
+
+
+def test_the_target_binds_on_the_slowest_class_not_the_blend(lab_profile: Profile) -> None:
+    est = mixed_estimate(lab_profile, batch=8.0)
+    free = decide(est, lab_profile, tpot_target_s=None, config=CFG)
+    c8 = free.candidate(8)
+    assert c8 is not None
+    assert c8.tpot_slowest_s is not None
+    slowest_best = min(c.tpot_worst_s for c in free.candidates)
+    target = (c8.tpot_worst_s + slowest_best) / 2
+    assert c8.tpot_s < target < c8.tpot_worst_s  # the blend meets it at k=8, chat does not
+    d = decide(est, lab_profile, tpot_target_s=target, config=CFG)
+    assert d.k < 8
+    assert not d.candidate(8).feasible  # type: ignore[union-attr]
+    assert d.candidate(d.k).tpot_worst_s <= target * (1 + CFG.overload_tpot_tolerance)  # type: ignore[union-attr]
+    assert "slowest class" in d.reason
+    blended = decide(replace(est, class_mix=()), lab_profile, tpot_target_s=target, config=CFG)
+    assert blended.k == 8  # what the blend alone would have run
+
+
+def test_overloaded_with_a_queue_drains_it_and_without_one_serves_the_slowest_class(lab_profile: Profile) -> None:
+    queued = decide(mixed_estimate(lab_profile, batch=64.0, waiting=20.0), lab_profile, tpot_target_s=1e-3, config=CFG)
+    idle = decide(mixed_estimate(lab_profile, batch=64.0, waiting=0.0), lab_profile, tpot_target_s=1e-3, config=CFG)
+    assert queued.overloaded and idle.overloaded
+    assert queued.k == max(queued.candidates, key=lambda c: c.goodput_tok_s).k
+    fastest = min(c.tpot_worst_s for c in idle.candidates)
+    assert idle.candidate(idle.k).tpot_worst_s <= fastest * (1 + CFG.overload_tpot_tolerance)  # type: ignore[union-attr]
+    assert queued.k != idle.k
 
 
 def test_sla_risk_when_current_k_misses_a_target_another_k_meets(lab_profile: Profile) -> None:
