@@ -117,6 +117,25 @@ def test_estimator_keeps_acceptance_when_speculation_is_off(lab_profile: Profile
     assert e.batch > 20
 
 
+def test_positions_not_drafted_for_long_follow_the_shifted_prior(lab_profile: Profile) -> None:
+    rng = random.Random(3)
+    chat = conditional_acceptance(lab_profile, "chat", 1000)
+    code = conditional_acceptance(lab_profile, "code", 1000)
+    est = WorkerEstimator("w0", lab_profile, 8, EstimatorConfig(position_max_age=5))
+    for _ in range(3):
+        est.update(synthetic_window(lab_profile, rng, k=8, batch=8, truth=chat))
+    for _ in range(4):  # the workload turns to code while k=2: positions 2… keep chat's figures for a while
+        est.update(synthetic_window(lab_profile, rng, k=2, batch=8, truth=code))
+    assert est.estimate().observed_positions == 8
+    for _ in range(3):
+        est.update(synthetic_window(lab_profile, rng, k=2, batch=8, truth=code))
+    e = est.estimate()
+    assert e.observed_positions == 2
+    for i in range(2, 8):  # now from the prior shifted by code's acceptance at positions 0 and 1
+        assert abs(e.conditional[i] - code[i]) < abs(e.conditional[i] - chat[i])
+    assert [c for c, _ in e.class_mix][0] == "code"  # the fit still uses the last-seen high positions
+
+
 def test_step_correction_learns_a_slower_machine(lab_profile: Profile) -> None:
     rng = random.Random(2)
     truth = conditional_acceptance(lab_profile, "maths", 1000)

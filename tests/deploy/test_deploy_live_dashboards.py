@@ -25,8 +25,11 @@ BODY = {"model": "kimi-k3", "messages": [{"role": "user", "content": "hi"}], "ma
 
 
 async def stream(client: httpx.AsyncClient, tenant: str, *, cancel_after_first_chunk: bool = False) -> int:
+    """One streamed chat. A cancelled one asks for a long answer, so the gateway surely sees the client leave
+    mid-stream (a short one may finish before the disconnect is noticed and count as ``ok``)."""
     headers = {"authorization": f"Bearer {KEYS[tenant]}"}
-    async with client.stream("POST", "/v1/chat/completions", json=BODY, headers=headers) as response:
+    body = {**BODY, "max_tokens": 4000} if cancel_after_first_chunk else BODY
+    async with client.stream("POST", "/v1/chat/completions", json=body, headers=headers) as response:
         async for _ in response.aiter_bytes():
             if cancel_after_first_chunk:
                 break
