@@ -155,9 +155,7 @@ def decide(est: Estimate, profile: Profile, *, tpot_target_s: float | None, conf
     def target_for(k: int) -> float | None:
         return tpot_target_s * margin if tpot_target_s is not None and k > est.k_current else tpot_target_s
 
-    cands = tuple(
-        _predict(est, profile, k, target_for(k), _allowed(k, est, risk), config.class_min_share) for k in ks
-    )
+    cands = tuple(_predict(est, profile, k, target_for(k), _allowed(k, est, risk), config.class_min_share) for k in ks)
     allowed = [c for c in cands if c.allowed]
     feasible = [c for c in allowed if c.feasible]
     overloaded = not feasible

@@ -59,15 +59,22 @@ class KeyRing:
         self._size = cache_size
         self._static: dict[str, tuple[str, str]] = {k.digest: (t.id, k.id) for t in tenants.tenants for k in t.keys}
         self._cache: OrderedDict[str, tuple[float, tuple[str, str] | None]] = OrderedDict()
+        self._principals: dict[tuple[str, str], Principal] = {}
+        """Built once per key: the tenants file is fixed for this ring's life (and the set of keys is bounded)."""
 
     def digest(self, secret: str) -> str:
         return key_digest(secret, pepper=self._pepper)
 
     def principal(self, tenant_id: str, key_id: str) -> Principal:
+        found = self._principals.get((tenant_id, key_id))
+        if found is not None:
+            return found
         tenant = self._tenants.tenant(tenant_id)
         if tenant is None:
             raise AuthenticationFailed("This API key belongs to a tenant that no longer exists.")
-        return Principal(tenant=tenant, tier_name=tenant.tier, tier=self._tenants.tiers[tenant.tier], key_id=key_id)
+        found = Principal(tenant=tenant, tier_name=tenant.tier, tier=self._tenants.tiers[tenant.tier], key_id=key_id)
+        self._principals[(tenant_id, key_id)] = found
+        return found
 
     async def authenticate(self, authorization: str | None) -> Principal:
         """The principal of a Bearer header; raises ``AuthenticationFailed`` for a missing, unknown or revoked key."""

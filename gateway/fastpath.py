@@ -45,8 +45,9 @@ class GatewayApp(FastAPI):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
             endpoint = COMPLETION_ROUTES.get(scope["path"])
-            if endpoint is not None:
-                await serve_completion(self.state.gateway, endpoint, scope, receive, send)
+            gw: Gateway | None = getattr(self.state, "gateway", None)  # None until the lifespan has run
+            if endpoint is not None and gw is not None:
+                await serve_completion(gw, endpoint, scope, receive, send)
                 return
         await super().__call__(scope, receive, send)
 

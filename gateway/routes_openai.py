@@ -1,4 +1,8 @@
-"""The OpenAI-compatible API tenants call."""
+"""The OpenAI-compatible API tenants call.
+
+The two completion routes declared here are served at run time by ``gateway.fastpath`` (the same pipeline,
+without FastAPI's per-request stack); they stay declared so the OpenAPI document describes them.
+"""
 
 from __future__ import annotations
 

@@ -6,9 +6,9 @@ import pytest
 
 from bench.frontier import throughput_at
 from bench.metrics import CostSplit, PhaseMetrics, RunMetrics
+from bench.report import ceiling_note
 from bench.scenario import Scenario
 from bench.suite import CONTROLLER, ORACLE, STATIC_KS, SuiteResult, static_name
-from bench.report import ceiling_note
 from bench.targets import T_K0, T_MIXED, T_ORACLE, T_SWITCHES, checks, mixed_ceiling
 
 SCENARIO = Scenario.model_validate(

@@ -139,7 +139,8 @@ def test_the_target_binds_on_the_slowest_class_not_the_blend(lab_profile: Profil
 def test_overloaded_with_a_queue_drains_it_and_without_one_serves_the_slowest_class(lab_profile: Profile) -> None:
     queued = decide(mixed_estimate(lab_profile, batch=4.0, waiting=20.0), lab_profile, tpot_target_s=1e-3, config=CFG)
     idle = decide(mixed_estimate(lab_profile, batch=4.0, waiting=0.0), lab_profile, tpot_target_s=1e-3, config=CFG)
-    assert queued.overloaded and idle.overloaded
+    assert queued.overloaded
+    assert idle.overloaded
     assert queued.k == max(queued.candidates, key=lambda c: c.goodput_tok_s).k
     fastest = min(c.tpot_worst_s for c in idle.candidates)
     assert idle.candidate(idle.k).tpot_worst_s <= fastest * (1 + CFG.overload_tpot_tolerance)  # type: ignore[union-attr]
@@ -181,3 +182,16 @@ def test_pure(lab_profile: Profile) -> None:
     assert decide(est, lab_profile, tpot_target_s=0.03, config=CFG) == decide(
         est, lab_profile, tpot_target_s=0.03, config=CFG
     )
+
+
+def test_a_k_that_barely_slows_the_slowest_class_may_miss_the_target_for_goodput(lab_profile: Profile) -> None:
+    est = mixed_estimate(lab_profile, batch=4.0)
+    free = decide(est, lab_profile, tpot_target_s=None, config=CFG)
+    fastest = min(free.candidates, key=lambda c: c.tpot_worst_s)
+    band = [c for c in free.candidates if c.tpot_worst_s <= fastest.tpot_worst_s * (1 + CFG.overload_tpot_tolerance)]
+    richest = max(band, key=lambda c: c.goodput_tok_s)
+    assert richest.k != fastest.k  # precondition: the band holds a k with more goodput than the TPOT argmin
+    d = decide(est, lab_profile, tpot_target_s=fastest.tpot_worst_s, config=CFG)  # only the argmin meets it
+    assert [c.k for c in d.candidates if c.feasible] == [fastest.k]
+    assert d.k == richest.k
+    assert not d.overloaded

@@ -103,9 +103,7 @@ def test_periodic_probe_only_when_affordable(lab_profile: Profile) -> None:
 def test_no_probe_into_a_missed_tpot_target(lab_profile: Profile) -> None:
     state = initial_state(2, 0.0)
     est = make_estimate(lab_profile, k_current=2)
-    cands = tuple(
-        Candidate(k, 0.01, 0.009, 0.001, 1.0, 100.0, 0.01, feasible=k < 8, allowed=True) for k in (2, 4, 8)
-    )
+    cands = tuple(Candidate(k, 0.01, 0.009, 0.001, 1.0, 100.0, 0.01, feasible=k < 8, allowed=True) for k in (2, 4, 8))
     d = Decision("w0", 2, cands, overloaded=False, risk=Risk.NONE, gain=0.0, reason="k=8 misses the target")
     _, a = stabilise(state, d, est, 61.0, CFG)
     assert a.kind is ActionKind.HOLD
