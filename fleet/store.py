@@ -178,6 +178,10 @@ class Store(Protocol):
         """Append to the ledger (append-only) and add the record to the tenant's totals."""
         ...
 
+    async def append_usage_many(self, records: Sequence[UsageRecord]) -> None:
+        """``append_usage`` for each record, in order, in one round trip (all-or-nothing on Redis)."""
+        ...
+
     async def usage(self, tenant: str, *, since: float, until: float, limit: int = 1000) -> UsageTotals:
         """A tenant's totals over every record with ``since <= at < until``, and the first ``limit`` of those
         records in time order (the totals are exact whatever ``limit`` is)."""

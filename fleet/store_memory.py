@@ -140,6 +140,10 @@ class MemoryStore:
     async def append_usage(self, record: UsageRecord) -> None:
         self._tenants.setdefault(record.tenant, TenantLedger()).append(record)
 
+    async def append_usage_many(self, records: Sequence[UsageRecord]) -> None:
+        for record in records:
+            await self.append_usage(record)
+
     async def usage(self, tenant: str, *, since: float, until: float, limit: int = 1000) -> UsageTotals:
         return self._tenants.get(tenant, TenantLedger()).usage(since, until, max(limit, 0))
 

@@ -5,7 +5,8 @@ Why hand-written Lua rather than the ``limits`` library: ``limits`` checks and h
 with its own clock, and has no way to refund part of a hit. The gateway needs every limit of a request
 (requests per minute, tokens per minute, concurrency, budget) checked and reserved all-or-nothing in one
 round trip, with ``now`` injected (virtual-time tests) and token reservations reconciled afterwards. So
-``admit`` and ``settle`` are single Lua scripts (EVALSHA through ``register_script``) running the rolling-
+``admit`` and ``settle`` are single Lua scripts (EVALSHA, falling back to EVAL when Redis lost its script cache,
+for example after a restart) running the rolling-
 window math of ``fleet.store_window``, which ``MemoryStore`` runs in Python: the two agree exactly.
 
 Key layout (``P`` is the prefix):
@@ -29,15 +30,16 @@ replicas and Sentinel), not Redis Cluster.
 
 from __future__ import annotations
 
+import hashlib
 import math
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio import ConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
+from redis.exceptions import NoScriptError, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from fleet import store_redis_lua as lua
@@ -53,7 +55,7 @@ from fleet.store import (
     WindowLimit,
     WorkerState,
 )
-from fleet.store_cancel import cancellation_safe
+from fleet.store_cancel import cancellation_safe, cancelling_now, checks_own_cancellation, raise_if_cancelled_since
 from fleet.store_ledger import ROLLUP_SIZES_S
 from fleet.store_memory import key_record, sort_keys
 
@@ -80,6 +82,30 @@ def _limit_args(lim: Limit) -> list[str]:
     return ["b", _num(lim.limit_usd), "", ""]
 
 
+class _Script:
+    """One Lua script, run with EVALSHA (EVAL, which also caches it, when Redis answers NOSCRIPT).
+
+    Cheaper than redis-py's ``AsyncScript`` on the hot path (no per-call type checks), and it carries the
+    dropped-cancellation check of ``fleet.store_cancel`` itself so the hot methods need no wrapper."""
+
+    __slots__ = ("_execute", "_name", "_sha", "_text")
+
+    def __init__(self, client: Redis, text: str, name: str) -> None:
+        self._execute: Callable[..., Awaitable[Any]] = client.execute_command
+        self._text = text
+        self._sha = hashlib.sha1(text.encode()).hexdigest()
+        self._name = name
+
+    async def __call__(self, keys: Sequence[str], args: Sequence[str]) -> Any:
+        task, before = cancelling_now()
+        try:
+            reply = await self._execute("EVALSHA", self._sha, len(keys), *keys, *args)
+        except NoScriptError:
+            reply = await self._execute("EVAL", self._text, len(keys), *keys, *args)
+        raise_if_cancelled_since(task, before, self._name)
+        return reply
+
+
 @cancellation_safe
 class RedisStore:
     """``Store`` on Redis. Owns ``client`` (``close`` closes it); build one with ``from_url``."""
@@ -87,29 +113,31 @@ class RedisStore:
     def __init__(self, client: Redis, *, prefix: str = DEFAULT_PREFIX) -> None:
         self._redis = client
         self._prefix = prefix
-        register = client.register_script
-        self._admit = register(lua.ADMIT)
-        self._settle = register(lua.SETTLE)
-        self._worker_states = register(lua.WORKER_STATES)
-        self._acquire = register(lua.ACQUIRE_LEASE)
-        self._release = register(lua.RELEASE_LEASE)
-        self._append = register(lua.APPEND_USAGE)
-        self._usage = register(lua.USAGE)
-        self._revoke = register(lua.REVOKE_KEY)
+        self._admit = _Script(client, lua.ADMIT, "RedisStore.admit")
+        self._settle = _Script(client, lua.SETTLE, "RedisStore.settle")
+        self._worker_states = _Script(client, lua.WORKER_STATES, "RedisStore.worker_states")
+        self._acquire = _Script(client, lua.ACQUIRE_LEASE, "RedisStore.acquire_lease")
+        self._release = _Script(client, lua.RELEASE_LEASE, "RedisStore.release_lease")
+        self._append = _Script(client, lua.APPEND_USAGE, "RedisStore.append_usage_many")
+        self._usage = _Script(client, lua.USAGE, "RedisStore.usage")
+        self._revoke = _Script(client, lua.REVOKE_KEY, "RedisStore.revoke_api_key")
+        self._rollup_args = [str(len(ROLLUP_SIZES_S))] + [_num(size) for size in ROLLUP_SIZES_S]
 
     @classmethod
     def from_url(
-        cls, url: str, *, prefix: str = DEFAULT_PREFIX, max_connections: int = 64, wait_s: float = 5.0
+        cls, url: str, *, prefix: str = DEFAULT_PREFIX, max_connections: int = 512, wait_s: float = 5.0
     ) -> RedisStore:
-        """A store on a new pool of at most ``max_connections`` connections to ``url`` (``redis://host:port/db``).
-        Calls beyond that wait up to ``wait_s`` seconds for a free connection instead of failing at once.
+        """A store on a new pool of at most ``max_connections`` connections to ``url`` (``redis://host:port/db``);
+        opening a connection gives up after ``wait_s`` seconds. The pool is redis-py's plain ``ConnectionPool``:
+        its ``BlockingConnectionPool`` cost the gateway a lock and a condition wait on every call, which showed
+        at 64 concurrent requests; the cap is far above a gateway's concurrent store calls, so it is never hit.
 
         A connection that fails (for example one left idle across a Redis restart) is reconnected and the call
         retried once after a short back-off, so a restart costs no caller an error once Redis is back."""
-        pool = BlockingConnectionPool.from_url(
+        pool = ConnectionPool.from_url(
             url,
             max_connections=max_connections,
-            timeout=wait_s,
+            socket_connect_timeout=wait_s,
             decode_responses=True,
             retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), _RETRIES),
             retry_on_error=[RedisConnectionError, RedisTimeoutError],
@@ -120,6 +148,7 @@ class RedisStore:
         return self._prefix + name
 
     # limits -------------------------------------------------------------------------------------------
+    @checks_own_cancellation
     async def admit(self, limits: Sequence[Limit], *, now: float) -> Admission:
         if not limits:
             return Admission(allowed=True)
@@ -131,6 +160,7 @@ class RedisStore:
             return Admission(allowed=True)
         return Admission(allowed=False, tripped=limits[int(reply[1]) - 1].key, retry_after_s=float(reply[2]))
 
+    @checks_own_cancellation
     async def settle(
         self,
         *,
@@ -183,7 +213,7 @@ class RedisStore:
 
     # leader lease --------------------------------------------------------------------------------------
     async def acquire_lease(self, name: str, holder: str, *, ttl_s: float) -> bool:
-        return bool(await self._acquire(keys=[self._k(f"lease:{name}")], args=[holder, _ms(ttl_s)]))
+        return bool(await self._acquire(keys=[self._k(f"lease:{name}")], args=[holder, str(_ms(ttl_s))]))
 
     async def release_lease(self, name: str, holder: str) -> None:
         await self._release(keys=[self._k(f"lease:{name}")], args=[holder])
@@ -193,11 +223,20 @@ class RedisStore:
         return None if holder is None else str(holder)
 
     # usage ledger --------------------------------------------------------------------------------------
+    @checks_own_cancellation
     async def append_usage(self, record: UsageRecord) -> None:
-        keys = [self._k("usage"), self._k(f"usage:tenant:{record.tenant}"), self._k(f"usage:rollup:{record.tenant}")]
-        args = [_num(record.at), record.model_dump_json(), record.tenant]
-        args += [str(record.prompt_tokens), str(record.completion_tokens), _num(record.cost_usd)]
-        await self._append(keys=keys, args=args + [_num(size) for size in ROLLUP_SIZES_S])
+        await self.append_usage_many((record,))
+
+    @checks_own_cancellation
+    async def append_usage_many(self, records: Sequence[UsageRecord]) -> None:
+        if not records:
+            return
+        keys, args = [self._k("usage")], list(self._rollup_args)
+        for r in records:
+            keys += [self._k(f"usage:tenant:{r.tenant}"), self._k(f"usage:rollup:{r.tenant}")]
+            args += [_num(r.at), r.model_dump_json(), r.tenant]
+            args += [str(r.prompt_tokens), str(r.completion_tokens), _num(r.cost_usd)]
+        await self._append(keys=keys, args=args)
 
     async def usage(self, tenant: str, *, since: float, until: float, limit: int = 1000) -> UsageTotals:
         keys = [self._k(f"usage:tenant:{tenant}"), self._k(f"usage:rollup:{tenant}")]

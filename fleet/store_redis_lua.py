@@ -164,6 +164,44 @@ local function rollup_field(size, unit) return fmt(size) .. ':' .. string.format
 APPEND_USAGE = (
     _LEDGER_LIB
     + """
+-- Appends a batch of records in one round trip. KEYS: the global ledger stream, then per record the tenant's
+-- index (sorted set at → record JSON) and the tenant's roll-ups (hash 'size:unit' → 'requests prompt
+-- completion usd'). ARGV: the number of roll-up sizes, the sizes, then 6 per record: at, record JSON, tenant,
+-- prompt, completion, cost_usd. Appending an identical record again is a no-op (no double billing).
+-- Returns how many records were new.
+local nsizes = tonumber(ARGV[1])
+local sizes = {}
+for i = 1, nsizes do sizes[i] = tonumber(ARGV[1 + i]) end
+local appended = 0
+local arg = 2 + nsizes
+for k = 2, #KEYS, 2 do
+  local index, rollups = KEYS[k], KEYS[k + 1]
+  if redis.call('ZADD', index, 'NX', ARGV[arg], ARGV[arg + 1]) == 1 then
+    appended = appended + 1
+    redis.call('XADD', KEYS[1], '*', 'tenant', ARGV[arg + 2], 'record', ARGV[arg + 1])
+    local at = tonumber(ARGV[arg])
+    for _, size in ipairs(sizes) do
+      local field = rollup_field(size, math.floor(at / size))
+      local n, p, c, usd = 0, 0, 0, 0.0
+      local old = redis.call('HGET', rollups, field)
+      if old then
+        local a, b, d, e = string.match(old, '^(%S+) (%S+) (%S+) (%S+)$')
+        n, p, c, usd = tonumber(a), tonumber(b), tonumber(d), tonumber(e)
+      end
+      n, p, c = n + 1, p + tonumber(ARGV[arg + 3]), c + tonumber(ARGV[arg + 4])
+      usd = usd + tonumber(ARGV[arg + 5])
+      redis.call('HSET', rollups, field, string.format('%d %d %d ', n, p, c) .. fmt(usd))
+    end
+  end
+  arg = arg + 6
+end
+return appended
+"""
+)
+
+USAGE = (
+    _LEDGER_LIB
+    + """
 -- KEYS: the global ledger stream, the tenant's index (sorted set at → record JSON), the tenant's roll-ups
 -- (hash 'size:unit' → 'requests prompt completion usd'). ARGV: at, record JSON, tenant, prompt, completion,
 -- cost_usd, then the roll-up sizes. Appending an identical record again is a no-op (no double billing).

@@ -39,7 +39,10 @@ def bucket_expiry(index: int, window_s: float) -> float:
 
 
 def prune(buckets: MutableMapping[int, int], *, window_s: float, now: float) -> None:
-    """Drop buckets that no longer count at ``now``."""
+    """Drop buckets that no longer count at ``now``. Cheap when none has expired: the oldest bucket expires
+    first, so the full scan runs only once it has."""
+    if not buckets or bucket_expiry(min(buckets), window_s) > now:
+        return
     for index in [i for i in buckets if bucket_expiry(i, window_s) <= now]:
         del buckets[index]
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import Awaitable, Callable
 
@@ -34,25 +35,31 @@ def request_cost(worker: WorkerView, *, completion_tokens: int, busy_s: float, c
 
 
 Job = Callable[[], Awaitable[None]]
+MAX_BATCH = 256
+"""Most usage records written in one ``append_usage_many`` round trip."""
 
 
 class LedgerWriter:
     """Runs store writes (ledger appends, and settlements the response path could not await) in the
-    background, in order, retrying each until it succeeds. ``close`` drains what is queued."""
+    background, in order, retrying each until it succeeds. ``close`` drains what is queued. Records queued
+    back to back go to the store together, in one ``append_usage_many`` round trip."""
 
     def __init__(self, store: Store, *, clock: Clock, metrics: GatewayMetrics, retry_s: float = 0.5) -> None:
         self._store = store
         self._clock = clock
         self._metrics = metrics
         self._retry_s = retry_s
-        self._queue: asyncio.Queue[Job] = asyncio.Queue()
+        self._queue: asyncio.Queue[Job | UsageRecord] = asyncio.Queue()
+        self._held: Job | UsageRecord | None = None
+        """An item taken off the queue while batching records, to run next."""
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="gateway-ledger")
 
     def append(self, record: UsageRecord) -> None:
-        self.submit(lambda: self._store.append_usage(record))
+        self._queue.put_nowait(record)
+        self._metrics.ledger_backlog.set(self._queue.qsize())
 
     def submit(self, job: Job) -> None:
         self._queue.put_nowait(job)
@@ -64,10 +71,29 @@ class LedgerWriter:
 
     async def _run(self) -> None:
         while True:
-            job = await self._queue.get()
-            await self._until_done(job)
-            self._queue.task_done()
+            item = self._held if self._held is not None else await self._queue.get()
+            self._held = None
+            if isinstance(item, UsageRecord):
+                records = self._batch(item)
+                await self._until_done(functools.partial(self._store.append_usage_many, records))
+                done = len(records)
+            else:
+                await self._until_done(item)
+                done = 1
+            for _ in range(done):
+                self._queue.task_done()
             self._metrics.ledger_backlog.set(self._queue.qsize())
+
+    def _batch(self, first: UsageRecord) -> list[UsageRecord]:
+        """``first`` and the records queued right behind it (up to ``MAX_BATCH``); a job met on the way is held."""
+        records = [first]
+        while len(records) < MAX_BATCH and not self._queue.empty():
+            item = self._queue.get_nowait()
+            if not isinstance(item, UsageRecord):
+                self._held = item
+                break
+            records.append(item)
+        return records
 
     async def _until_done(self, job: Job) -> None:
         delay = self._retry_s
@@ -92,5 +118,6 @@ class LedgerWriter:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        if self._queue.qsize():
-            log.error("%d usage/settle writes could not be stored before shutdown", self._queue.qsize())
+        lost = self._queue.qsize() + (self._held is not None)
+        if lost:
+            log.error("%d usage/settle writes could not be stored before shutdown", lost)

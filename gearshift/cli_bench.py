@@ -79,9 +79,9 @@ def gateway(
 
     launchers: list[TargetLauncher] = [PassthroughLauncher()]
     if not no_gearshift:
-        from bench.gateway.gearshift_target import GearshiftLauncher
+        from bench.gateway.gearshift_target import gearshift_launchers
 
-        launchers.append(GearshiftLauncher())
+        launchers += gearshift_launchers()
     launchers += [CommandLauncher.parse(spec, i + 1) for i, spec in enumerate(proxy_cmd or [])]
     config = GatewayBenchConfig(
         concurrencies=tuple(concurrency or (1, 16, 64)),

@@ -1,9 +1,11 @@
 """The gearshift gateway as a benchmark target, with all of its work on: API-key auth, rate/token/concurrency
-limits and budget on a real Redis, routing, metering to the Redis ledger, Prometheus metrics.
+limits and budget, routing, metering to the ledger, Prometheus metrics. Two targets: the store in process memory
+(``gearshift-memory``, the one-process mode) and on the bench's real Redis (``gearshift-redis``, replicas).
 
 The bench's fleet is one worker (the fake upstream); its tenant has limits far above the offered load, so
 every request pays for the limit checks without being refused. The gateway runs as ``gearshift gateway``
-with ``GEARSHIFT_FLEET_FILE``, ``GEARSHIFT_TENANTS_FILE`` and ``GEARSHIFT_REDIS_URL`` pointing at the bench's.
+with ``GEARSHIFT_FLEET_FILE``, ``GEARSHIFT_TENANTS_FILE`` and (for Redis) ``GEARSHIFT_REDIS_URL`` pointing at the
+bench's.
 """
 
 from __future__ import annotations
@@ -71,9 +73,11 @@ def write_config(directory: Path, *, upstream: str, pepper: str) -> tuple[Path, 
 
 @dataclass(frozen=True)
 class GearshiftLauncher:
-    """``gearshift gateway`` exactly as deployed (its own CLI and server), configured by files and env."""
+    """``gearshift gateway`` exactly as deployed (its own CLI and server), configured by files and env, with its
+    store on the bench's Redis (``redis=True``) or in process memory."""
 
-    name: str = "gearshift"
+    name: str = "gearshift-redis"
+    redis: bool = True
 
     def launch(self, *, upstream: str, redis_url: str, cpu: int | None, log_dir: Path) -> Target:
         port = free_port()
@@ -82,7 +86,7 @@ class GearshiftLauncher:
         env = {
             "GEARSHIFT_FLEET_FILE": str(fleet_path),
             "GEARSHIFT_TENANTS_FILE": str(tenants_path),
-            "GEARSHIFT_REDIS_URL": redis_url,
+            "GEARSHIFT_REDIS_URL": redis_url if self.redis else "",
             "GEARSHIFT_KEY_PEPPER": pepper,
             "GEARSHIFT_LOG_LEVEL": "WARNING",
         }
@@ -90,10 +94,16 @@ class GearshiftLauncher:
         child = start(self.name, argv, cpu=cpu, log_dir=log_dir, env=env)
         base = f"http://127.0.0.1:{port}"
         wait_http_ready(child, base + "/v1/models", headers={"Authorization": f"Bearer {BENCH_KEY}"}, timeout_s=60)
+        where = "on Redis" if self.redis else "in process memory"
         return Target(
             self.name,
             base,
             api_key=BENCH_KEY,
             child=child,
-            note="`gearshift gateway`: auth, limits + budget on Redis, routing, metering, metrics",
+            note=f"`gearshift gateway`: auth, limits + budget {where}, routing, metering, metrics",
         )
+
+
+def gearshift_launchers() -> list[GearshiftLauncher]:
+    """The gateway with its store in memory and on Redis (both with all of its other work on)."""
+    return [GearshiftLauncher("gearshift-memory", redis=False), GearshiftLauncher("gearshift-redis", redis=True)]

@@ -143,3 +143,13 @@ def start_redis(*, cpu: int | None, log_dir: Path) -> tuple[Child, str]:
             time.sleep(0.05)
     child.stop()
     raise BenchProcessError(f"redis: no PONG on port {port} within 10 s")
+
+
+def process_cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds that process ``pid`` (all its threads) has used so far; None when unreadable."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()  # the command name may hold spaces; fields after it are fixed
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

@@ -20,7 +20,6 @@ JSON_RPS_TARGET = 2000.0
 STREAM_RPS_TARGET = 1500.0
 FLOOR = "passthrough"
 DIRECT = "direct"
-GATEWAY = "gearshift"
 
 
 @dataclass(frozen=True)
@@ -136,7 +135,8 @@ def _throughput_section(result: GatewayBenchResult, names: list[str]) -> list[st
         "",
         "Latency is wrk's, of the whole response (for streams: to the last chunk). *Added* is the target's figure "
         "minus the direct upstream's in the same run. *vs floor* is the target's rate over the minimal "
-        "pass-through's.",
+        "pass-through's. *CPU µs/req* is the CPU time (user + system, from `/proc/<pid>/stat`) the proxy process "
+        "used during the run divided by the requests it served: what one request costs the proxy's core.",
         "",
         "### Throughput and latency table",
         "",
@@ -146,15 +146,17 @@ def _throughput_section(result: GatewayBenchResult, names: list[str]) -> list[st
         for c in result.config.concurrencies:
             floor = _rps(result, FLOOR, mode, c)
             for name in names:
-                m = result.get(name, mode, c)
-                if m is None:
+                entry = result.measurement(name, mode, c)
+                if entry is None:
                     continue
+                m = entry.wrk
                 rows.append(
                     [
                         mode,
                         c,
                         name,
                         m.requests_per_s,
+                        entry.cpu_us_per_request,
                         m.p50_us / 1000,
                         m.p99_us / 1000,
                         _added_ms(result, name, mode, c, "p50_us"),
@@ -163,8 +165,9 @@ def _throughput_section(result: GatewayBenchResult, names: list[str]) -> list[st
                         m.errors,
                     ]
                 )
-    header = ["mode", "c", "target", "req/s", "p50 ms", "p99 ms", "added p50 ms", "added p99 ms", "vs floor", "errors"]
-    lines += [table(header, [[_num(v) for v in r] for r in rows], align="lrl" + "r" * 7), ""]
+    header = ["mode", "c", "target", "req/s", "CPU µs/req", "p50 ms", "p99 ms"]
+    header += ["added p50 ms", "added p99 ms", "vs floor", "errors"]
+    lines += [table(header, [[_num(v) for v in r] for r in rows], align="lrl" + "r" * 8), ""]
     return lines
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Literal
 
 from bench.gateway import profile as profiling
-from bench.gateway.procs import BenchProcessError, available_cpus, pinned, python_module, start_redis
+from bench.gateway.procs import BenchProcessError, available_cpus, pinned, process_cpu_s, python_module, start_redis
 from bench.gateway.targets import Target, TargetLauncher, UpstreamLauncher
 from bench.gateway.ttfc import FirstChunkResult
 from bench.gateway.wrk import WrkResult, chat_body, run_wrk, write_script
@@ -35,7 +35,7 @@ class GatewayBenchConfig:
     ttfc_duration_s: float = 3.0
     profile_s: float = 8.0
     """Seconds of the py-spy run per profiled target (0 turns profiling off)."""
-    profile_targets: tuple[str, ...] = ("gearshift", "passthrough")
+    profile_targets: tuple[str, ...] = ("gearshift-memory", "gearshift-redis", "passthrough")
 
 
 @dataclass(frozen=True)
@@ -58,6 +58,15 @@ class Measurement:
     mode: Mode
     concurrency: int
     wrk: WrkResult
+    cpu_s: float | None = None
+    """CPU seconds (user + system) the proxy process used during the wrk run; None for the direct upstream."""
+
+    @property
+    def cpu_us_per_request(self) -> float | None:
+        """The proxy's CPU cost of one request, microseconds."""
+        if self.cpu_s is None or self.wrk.requests <= 0:
+            return None
+        return self.cpu_s * 1e6 / self.wrk.requests
 
 
 @dataclass
@@ -73,9 +82,13 @@ class GatewayBenchResult:
     config: GatewayBenchConfig = field(default_factory=GatewayBenchConfig)
 
     def get(self, target: str, mode: Mode, concurrency: int) -> WrkResult | None:
+        m = self.measurement(target, mode, concurrency)
+        return m.wrk if m is not None else None
+
+    def measurement(self, target: str, mode: Mode, concurrency: int) -> Measurement | None:
         for m in self.measurements:
             if (m.target, m.mode, m.concurrency) == (target, mode, concurrency):
-                return m.wrk
+                return m
         return None
 
 
@@ -207,12 +220,16 @@ class _Driver:
             for c in self.config.concurrencies:
                 for target in targets:
                     self.progress(f"{mode} c={c} → {target.name}")
+                    pid = target.child.pid if target.child is not None and target.name != "direct" else None
+                    before = process_cpu_s(pid) if pid is not None else None
                     try:
                         wrk = self.load(target, mode, c, self.config.duration_s)
                     except BenchProcessError as exc:
                         self.result.failures.append(f"{target.name}: {mode} c={c}: {exc}")
                         continue
-                    self.result.measurements.append(Measurement(target.name, mode, c, wrk))
+                    after = process_cpu_s(pid) if pid is not None else None
+                    cpu_s = after - before if after is not None and before is not None else None
+                    self.result.measurements.append(Measurement(target.name, mode, c, wrk, cpu_s))
                     time.sleep(0.2)  # let the last run's sockets close before the next one starts
 
     def first_chunks(self, targets: list[Target]) -> None:

@@ -72,7 +72,11 @@ class PassthroughLauncher:
         base = f"http://127.0.0.1:{port}"
         wait_http_ready(child, base + "/v1/models")
         return Target(
-            self.name, base, child=child, note="minimal FastAPI/uvicorn + aiohttp pass-through, bytes through"
+            self.name,
+            base,
+            child=child,
+            note="minimal FastAPI/uvicorn + aiohttp pass-through, bytes through; streams relayed with Starlette's "
+            "`StreamingResponse`",
         )
 
 

@@ -112,6 +112,18 @@ async def test_ledger_caps_records_not_totals(harness: StoreHarness) -> None:
     assert (await store.usage("nobody", since=0, until=float("inf"))).requests == 0
 
 
+async def test_a_batch_appends_like_single_appends(harness: StoreHarness) -> None:
+    store = harness.store
+    batch = [record(i) for i in range(12)] + [record(i, tenant="other") for i in range(3)] + [record(2)]
+    await store.append_usage_many(batch)
+    await store.append_usage_many([])
+    await store.append_usage_many([record(3), record(12)])  # one already there, one new
+    usage = await store.usage("acme", since=0, until=float("inf"))
+    assert [r.request_id for r in usage.records] == [f"req-acme-{i}" for i in range(13)]
+    assert usage.completion_tokens == sum(r.completion_tokens for r in usage.records)
+    assert (await store.usage("other", since=0, until=float("inf"))).requests == 3
+
+
 async def test_appending_the_same_record_twice_bills_once(harness: StoreHarness) -> None:
     store = harness.store
     await store.append_usage(record(1))
