@@ -29,7 +29,7 @@ STORE_FAILURES: Final = "gearshift_gateway_store_failures"
 ASYNCIO_TASKS: Final = "gearshift_gateway_asyncio_tasks"
 OPEN_CONNECTIONS: Final = "gearshift_gateway_open_connections"
 
-_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 _TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5, 1.0)
 
 
