@@ -44,10 +44,15 @@ class CompletionRequest:
         ``max_tokens`` for every choice (``n``) of every prompt."""
         completion = (self.max_tokens if self.max_tokens is not None else default_max_tokens) * self.choices
         completion *= 1 if self.chat else len(self.prompt_parts)  # a list of prompts completes each one
+        prompt = self.estimated_prompt_tokens(chars_per_token=chars_per_token, tokens_per_message=tokens_per_message)
+        return prompt + completion
+
+    def estimated_prompt_tokens(self, *, chars_per_token: float, tokens_per_message: int) -> int:
+        """The prompt part of ``estimated_tokens`` (tokens the worker must prefill)."""
         prompt = sum(max(1, math.ceil(n / chars_per_token)) for n in self.prompt_parts)
         if self.chat:
             prompt += tokens_per_message * (len(self.prompt_parts) + 1)
-        return prompt + completion
+        return prompt
 
     def upstream_body(self, *, priority: int | None) -> bytes:
         """The body sent to the worker: usage forced on for streams, the tier's priority set."""

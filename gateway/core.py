@@ -88,6 +88,7 @@ async def running_gateway(
             weight_queue=settings.weight_queue,
             weight_kv=settings.weight_kv,
             weight_speculation=settings.weight_speculation,
+            prefill_tokens_per_slot=settings.prefill_tokens_per_slot,
             rng=rng,
         ),
         upstream=Upstream(session, pool=pool, settings=settings, metrics=metrics),

@@ -172,7 +172,12 @@ class Call:
             f"{self.endpoint.operation} {self.req.model}", context=self.ctx, kind=SpanKind.CLIENT
         ) as span:
             self.forwarded_at = gw.clock.monotonic()
-            opened = await gw.upstream.open(ranked, self.endpoint.path, body, stream=self.req.stream)
+            prompt_tokens = self.req.estimated_prompt_tokens(
+                chars_per_token=gw.settings.chars_per_token, tokens_per_message=gw.settings.tokens_per_message
+            )
+            opened = await gw.upstream.open(
+                ranked, self.endpoint.path, body, stream=self.req.stream, prompt_tokens=prompt_tokens
+            )
             span.set_attribute(attr.WORKER, opened.worker.id)
             span.set_attribute(attr.SERVER_ADDRESS, opened.worker.config.url)
             span.set_attribute("gearshift.attempts", opened.attempts)

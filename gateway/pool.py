@@ -37,6 +37,9 @@ class WorkerView:
     """Consecutive health probes that timed out."""
     in_flight: int = 0
     """Requests this gateway has open on the worker."""
+    prefill_tokens: int = 0
+    """Estimated prompt tokens of this gateway's requests on the worker still waiting for their first byte:
+    the prefill work outstanding there (see ``begin_prefill`` / ``end_prefill``)."""
     state: WorkerState | None = None
     """Published by the controller; None when no controller runs (or its state expired)."""
     ejected_until: float = 0.0
@@ -48,6 +51,15 @@ class WorkerView:
     @property
     def id(self) -> str:
         return self.config.id
+
+    def begin_prefill(self, prompt_tokens: int) -> None:
+        """Count a request's estimated prompt tokens when it is sent to the worker."""
+        self.prefill_tokens += max(0, prompt_tokens)
+
+    def end_prefill(self, prompt_tokens: int) -> None:
+        """Release them at the request's first byte (prefill done) or at its failure, whichever comes first;
+        call once per ``begin_prefill``."""
+        self.prefill_tokens = max(0, self.prefill_tokens - max(0, prompt_tokens))
 
 
 @dataclass

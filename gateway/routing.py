@@ -3,8 +3,8 @@
 Every filter and scorer has one async signature and sees the same ``RouteContext``. Scores lie in [0, 1];
 the router adds them with weights from the settings and orders the candidates best first (the first is
 used, the rest are the retry order). With no controller running there is no published state: the queue
-scorer then uses the gateway's own in-flight count per worker, and the other scorers give every worker the
-same score, so routing falls back to least-loaded.
+scorer then uses the gateway's own in-flight count (and outstanding prompt tokens) per worker, and the
+other scorers give every worker the same score, so routing falls back to least-loaded.
 """
 
 from __future__ import annotations
@@ -69,6 +69,10 @@ class NotEjectedFilter:
 
 
 # ------------------------------------------------------------------------------------------------ scorers
+DEFAULT_PREFILL_TOKENS_PER_SLOT = 1024
+"""Outstanding prompt tokens that weigh as much as one request (``GatewaySettings.prefill_tokens_per_slot``)."""
+
+
 def load_of(worker: WorkerView) -> float:
     """Requests on the worker: the controller's published running + waiting, or this gateway's own in-flight
     count when it is larger (published state lags by up to a scrape interval)."""
@@ -77,13 +81,23 @@ def load_of(worker: WorkerView) -> float:
 
 
 class QueueScorer:
-    """``1 − min(1, load / max_num_seqs)`` with ``load = max(running + waiting, own in-flight)``: the share of
-    the worker's batch slots still free."""
+    """``1 − min(1, (load + prefill_tokens / prefill_tokens_per_slot) / max_num_seqs)`` with
+    ``load = max(running + waiting, own in-flight)`` (requests) and ``prefill_tokens`` the estimated prompt
+    tokens of this gateway's requests on the worker not yet answered with a first byte: the share of the
+    worker's batch slots still free, where outstanding prefill work counts as ``prefill_tokens_per_slot``
+    tokens per slot (a worker prefilling a 150 k-token prompt admits new requests only after it)."""
 
     name = "queue"
 
+    def __init__(self, *, prefill_tokens_per_slot: int = DEFAULT_PREFILL_TOKENS_PER_SLOT) -> None:
+        if prefill_tokens_per_slot <= 0:
+            raise ValueError(f"prefill_tokens_per_slot: must be positive, got {prefill_tokens_per_slot}")
+        self._per_slot = prefill_tokens_per_slot
+
     async def __call__(self, ctx: RouteContext, workers: Sequence[WorkerView]) -> list[float]:
-        return [1.0 - min(1.0, load_of(w) / w.config.max_num_seqs) for w in workers]
+        return [
+            1.0 - min(1.0, (load_of(w) + w.prefill_tokens / self._per_slot) / w.config.max_num_seqs) for w in workers
+        ]
 
 
 class KvCacheScorer:
@@ -199,10 +213,16 @@ class Router:
 
 
 def default_router(
-    *, weight_queue: float, weight_kv: float, weight_speculation: float, rng: random.Random | None = None
+    *,
+    weight_queue: float,
+    weight_kv: float,
+    weight_speculation: float,
+    prefill_tokens_per_slot: int = DEFAULT_PREFILL_TOKENS_PER_SLOT,
+    rng: random.Random | None = None,
 ) -> Router:
+    queue = QueueScorer(prefill_tokens_per_slot=prefill_tokens_per_slot)
     return Router(
         [ModelFilter(), HealthyFilter(), NotEjectedFilter()],
-        [(QueueScorer(), weight_queue), (KvCacheScorer(), weight_kv), (SpeculationScorer(), weight_speculation)],
+        [(queue, weight_queue), (KvCacheScorer(), weight_kv), (SpeculationScorer(), weight_speculation)],
         rng=rng,
     )

@@ -22,6 +22,9 @@ class GatewaySettings(CommonSettings):
     weight_queue: Weight = 1.0
     weight_kv: Weight = 0.5
     weight_speculation: Weight = 2.0
+    prefill_tokens_per_slot: Annotated[int, Field(gt=0)] = 1024
+    """Outstanding prompt tokens (not yet prefilled) the queue scorer counts as one more request on a worker:
+    a worker prefilling a long prompt admits new requests late, so it must look busy to the router."""
 
     # upstream
     connect_timeout_s: Seconds = 2.0

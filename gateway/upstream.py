@@ -67,14 +67,20 @@ class Upstream:
         self._metrics = metrics
         self._connect = aiohttp.ClientTimeout(total=None, sock_connect=settings.connect_timeout_s)
 
-    async def open(self, ranked: Sequence[WorkerView], path: str, body: bytes, *, stream: bool) -> Opened:
-        """The first committed response among the ``1 + max_retries`` best workers, or the last failure."""
+    async def open(
+        self, ranked: Sequence[WorkerView], path: str, body: bytes, *, stream: bool, prompt_tokens: int = 0
+    ) -> Opened:
+        """The first committed response among the ``1 + max_retries`` best workers, or the last failure.
+
+        While a worker has not answered its first byte, ``prompt_tokens`` (the gateway's estimate) count as prefill
+        work outstanding there, which the queue scorer weighs (a long prompt holds a worker's step budget)."""
         last: _Attempt | None = None
         budget = 1 + self._settings.max_retries
         for attempt, view in enumerate(ranked[:budget], start=1):
             if last is not None:
                 self._metrics.upstream_retries.labels(worker=view.id, cause=last.cause).inc()
             view.in_flight += 1
+            view.begin_prefill(prompt_tokens)
             try:
                 response, first = await self._attempt(view, path, body, stream=stream)
             except _Attempt as failure:
@@ -85,6 +91,8 @@ class Upstream:
             except BaseException:
                 view.in_flight -= 1
                 raise
+            finally:
+                view.end_prefill(prompt_tokens)
             self._metrics.child(self._metrics.in_flight, view.id).inc()
             return Opened(worker=view, response=response, first_chunk=first, attempts=attempt)
         if last is None:

@@ -1,0 +1,89 @@
+"""Routing sees outstanding prefill work: a worker busy prefilling a long prompt looks loaded."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+
+import pytest
+from fake_upstream import Mode, StartUpstreams
+from gateway_harness import MODEL, eventually, make_fleet, make_tenants, serve_gateway
+
+from fleet.config import SpeculationPreference, TierConfig
+from gateway.pool import WorkerView
+from gateway.routing import DEFAULT_PREFILL_TOKENS_PER_SLOT, QueueScorer, RouteContext, default_router
+from gateway.settings import GatewaySettings
+
+INTERACTIVE = TierConfig(priority=0, tpot_target_s=0.05, speculation=SpeculationPreference.SPEED)
+CTX = RouteContext(model=MODEL, tier=INTERACTIVE, now=1000.0)
+
+
+def two_workers() -> tuple[WorkerView, WorkerView]:
+    fleet = make_fleet(["http://127.0.0.1:9000", "http://127.0.0.1:9001"])
+    a, b = (WorkerView(config=w) for w in fleet.workers)
+    return a, b
+
+
+async def test_a_new_request_avoids_the_worker_prefilling_a_huge_prompt() -> None:
+    router = default_router(weight_queue=1.0, weight_kv=0.5, weight_speculation=2.0, rng=random.Random(1))
+    busy, idle = two_workers()
+    busy.in_flight, idle.in_flight = 1, 2  # by request count alone `busy` is the less loaded one
+    busy.begin_prefill(150_000)
+    idle.begin_prefill(3_000)
+    decision = await router.route(CTX, [busy, idle])
+    assert [w.id for w in decision.ranked] == [idle.id, busy.id]
+    busy.end_prefill(150_000)  # prefill done: the request count decides again
+    decision = await router.route(CTX, [busy, idle])
+    assert [w.id for w in decision.ranked] == [busy.id, idle.id]
+
+
+async def test_queue_score_counts_prompt_tokens_per_slot() -> None:
+    a, b = two_workers()
+    slots = a.config.max_num_seqs
+    a.in_flight = 2
+    a.begin_prefill(3 * 512)
+    scores = await QueueScorer(prefill_tokens_per_slot=512)(CTX, [a, b])
+    assert scores == pytest.approx([1.0 - 5 / slots, 1.0])
+
+
+def test_prefill_release_never_goes_negative_and_rejects_a_bad_budget() -> None:
+    a, _ = two_workers()
+    a.begin_prefill(100)
+    a.end_prefill(100)
+    a.end_prefill(100)
+    assert a.prefill_tokens == 0
+    with pytest.raises(ValueError, match="prefill_tokens_per_slot"):
+        QueueScorer(prefill_tokens_per_slot=0)
+
+
+def test_settings_default_matches_the_router_default() -> None:
+    assert GatewaySettings().prefill_tokens_per_slot == DEFAULT_PREFILL_TOKENS_PER_SLOT
+
+
+async def test_the_live_gateway_counts_a_pending_prompt_as_prefill_until_the_first_byte(
+    upstreams: StartUpstreams,
+) -> None:
+    (w,) = await upstreams(1, mode=Mode.HANG)
+    prompt = "x" * 40_000  # ~10 000 tokens at 4 characters per token
+    body = {"model": MODEL, "messages": [{"role": "user", "content": prompt}], "max_tokens": 4}
+    async with serve_gateway(make_fleet([w.url]), make_tenants(), first_byte_timeout_s=30) as g:
+        view = g.gw.pool.views["w0"]
+        async with g.client(timeout=30) as c:
+            pending = asyncio.create_task(c.post("/v1/chat/completions", json=body))
+
+            async def prefilling() -> bool:
+                return view.prefill_tokens >= 10_000
+
+            await eventually(prefilling)
+            w.mode = Mode.OK  # the hung request stays hung; cancel it and check the release
+            pending.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await pending
+
+            async def released() -> bool:
+                return view.prefill_tokens == 0 and view.in_flight == 0
+
+            await eventually(released)
+            assert (await c.post("/v1/chat/completions", json=body)).status_code == 200
+        assert view.prefill_tokens == 0
