@@ -19,8 +19,8 @@ from controller.settings import ControllerSettings, SourceKind
 from controller.sources import HttpScrapeSource, MetricsSource, PrometheusSource
 from fleet.clock import Clock, SystemClock
 from fleet.config import CommonSettings
-from fleet.store import Store
-from fleet.store_factory import build_store
+from fleet.store.factory import build_store
+from fleet.store.protocol import Store
 
 
 def default_holder_id() -> str:

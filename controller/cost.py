@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from controller.policy import Candidate
 from controller.window import Window
 from fleet.perf import Profile, StepShape, step_time
-from fleet.store import UsageRecord
+from fleet.store.protocol import UsageRecord
 
 _PREFILL_PROBE_TOKENS = 4096
 

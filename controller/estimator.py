@@ -22,9 +22,8 @@ from dataclasses import dataclass, field
 from pydantic import BaseModel, ConfigDict, Field
 
 from controller.classes import fit_mix
-from controller.model import predict_step
 from controller.window import Window
-from fleet.perf import Profile, conditional_acceptance
+from fleet.perf import Profile, conditional_acceptance, predict_step
 
 
 class EstimatorConfig(BaseModel):

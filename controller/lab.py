@@ -22,8 +22,8 @@ from fleet.clock import ManualClock
 from fleet.config import DrafterConfig, FleetConfig, ModelConfig, TenantsConfig, TierConfig, WorkerConfig
 from fleet.perf import Profile
 from fleet.speculation import SpeculationControl
-from fleet.store import Store
-from fleet.store_memory import MemoryStore
+from fleet.store.memory import MemoryStore
+from fleet.store.protocol import Store
 
 
 class VirtualWorker(Protocol):

@@ -29,7 +29,7 @@ from fleet.clock import Clock
 from fleet.config import FleetConfig, TenantsConfig, WorkerConfig
 from fleet.perf import Profile, load_profile
 from fleet.speculation import SpeculationUpdate
-from fleet.store import Store, UsageRecord, WorkerState
+from fleet.store.protocol import Store, UsageRecord, WorkerState
 
 log = logging.getLogger("gearshift.controller")
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from fleet import metrics as m
+from fleet import vllm_metrics as m
 
 
 @dataclass(frozen=True, slots=True)

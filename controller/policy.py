@@ -25,8 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from controller.classes import slowest_al_ratio
 from controller.estimator import Estimate
-from controller.model import predict_step
-from fleet.perf import Profile, expected_tokens_per_step
+from fleet.perf import Profile, expected_tokens_per_step, predict_step
 
 DEFAULT_K_TIERS = (0, 1, 2, 3, 4, 6, 8)
 

@@ -1,6 +1,6 @@
 """The four gearshift dashboards: fleet overview, speculation control, cost, tenants and SLA.
 
-Every query names only metrics that gearshift's code exports (``fleet.metrics`` for vLLM's names,
+Every query names only metrics that gearshift's code exports (``fleet.vllm_metrics`` for vLLM's names,
 ``gateway.metrics``, ``controller.metrics``) or that ``deploy/prometheus/rules`` records; a test checks it.
 Worker series carry a ``worker`` label set by the scrape config (the worker's id in the fleet file), the same
 label the gateway and the controller put on their per-worker series.

@@ -207,3 +207,26 @@ def load_profile(name_or_path: str | Path) -> Profile:
     if not path.suffix:
         path = Path(str(resources.files("fleet.profiles").joinpath(f"{name_or_path}.yaml")))
     return parse_model(Profile, load_yaml(path), source=str(path))
+
+
+def predict_step(
+    profile: Profile, *, batch: float, k: int, context_per_seq: float, prefill_per_step: float = 0.0
+) -> StepTime:
+    """Profiled step time of a step decoding ``batch`` sequences (≥ 1) at draft length ``k``, seconds."""
+    batch = max(batch, 1.0)
+    lo = math.floor(batch)
+    hi = lo + 1
+    frac = batch - lo
+    prefill = round(prefill_per_step)
+
+    def at(b: int) -> StepTime:
+        return step_time(profile, StepShape(b, k, round(b * context_per_seq), prefill))
+
+    a = at(lo)
+    if frac <= 0:
+        return a
+    b = at(hi)
+    return StepTime(
+        target_s=a.target_s + frac * (b.target_s - a.target_s),
+        drafter_s=a.drafter_s + frac * (b.drafter_s - a.drafter_s),
+    )

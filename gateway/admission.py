@@ -18,8 +18,8 @@ from typing import Literal
 
 from fleet.clock import Clock
 from fleet.config import TenantConfig
-from fleet.store import Admission, BudgetLimit, Limit, SlotLimit, Store, WindowLimit
-from fleet.store_memory import MemoryStore
+from fleet.store.memory import MemoryStore
+from fleet.store.protocol import Admission, BudgetLimit, Limit, SlotLimit, Store, WindowLimit
 from gateway.errors import BudgetExceeded, RateLimited, StoreUnavailable
 from gateway.metrics import GatewayMetrics
 

@@ -17,7 +17,7 @@ from starlette.responses import Response
 
 from fleet.clock import Clock
 from fleet.config import FleetConfig, TenantsConfig
-from fleet.store import Store
+from fleet.store.protocol import Store
 from gateway import errors
 from gateway.core import running_gateway
 from gateway.fastpath import STATUS_TYPES, GatewayApp, error_response

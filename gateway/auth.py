@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from fleet.clock import Clock
 from fleet.config import TenantConfig, TenantsConfig, TierConfig, key_digest
-from fleet.store import Store
+from fleet.store.protocol import Store
 from gateway.errors import AuthenticationFailed, StoreUnavailable
 
 

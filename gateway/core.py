@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace.export import SpanExporter
 
 from fleet.clock import Clock
 from fleet.config import FleetConfig, TenantsConfig
-from fleet.store import Store
+from fleet.store.protocol import Store
 from gateway.admission import Admitter
 from gateway.auth import KeyRing
 from gateway.metering import LedgerWriter

@@ -19,7 +19,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from fleet.clock import Clock
-from fleet.store import Store, UsageRecord
+from fleet.store.protocol import Store, UsageRecord
 from gateway.metrics import GatewayMetrics
 from gateway.pool import WorkerView
 

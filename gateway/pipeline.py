@@ -16,7 +16,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from starlette.responses import Response
 from starlette.types import Receive
 
-from fleet.store import UsageRecord
+from fleet.store.protocol import UsageRecord
 from gateway import tracing as attr
 from gateway.admission import Ticket
 from gateway.auth import Principal

@@ -18,7 +18,7 @@ import aiohttp
 
 from fleet.clock import Clock
 from fleet.config import FleetConfig, WorkerConfig
-from fleet.store import Store, WorkerState
+from fleet.store.protocol import Store, WorkerState
 from gateway.metrics import GatewayMetrics
 from gateway.settings import GatewaySettings
 

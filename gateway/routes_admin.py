@@ -8,7 +8,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 from pydantic import BaseModel, ConfigDict, Field
 
-from fleet.store import ApiKeyRecord
+from fleet.store.protocol import ApiKeyRecord
 from gateway.deps import AdminDep, GatewayDep
 from gateway.errors import InvalidRequest, NotFound
 from gateway.openapi import ERROR_RESPONSES

@@ -17,7 +17,7 @@ from opentelemetry.sdk.trace.export import SpanExporter
 
 from fleet.clock import Clock
 from fleet.config import FleetConfig, TenantsConfig
-from fleet.store import Store
+from fleet.store.protocol import Store
 from gateway.app import create_app
 from gateway.core import Gateway
 from gateway.protocol import guarded_protocol

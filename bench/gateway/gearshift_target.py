@@ -90,7 +90,7 @@ class GearshiftLauncher:
             "GEARSHIFT_KEY_PEPPER": pepper,
             "GEARSHIFT_LOG_LEVEL": "WARNING",
         }
-        argv = [sys.executable, "-c", "from gearshift.cli import main; main()", "gateway", "--port", str(port)]
+        argv = [sys.executable, "-c", "from gearshift.cli.app import main; main()", "gateway", "--port", str(port)]
         child = start(self.name, argv, cpu=cpu, log_dir=log_dir, env=env)
         base = f"http://127.0.0.1:{port}"
         wait_http_ready(child, base + "/v1/models", headers={"Authorization": f"Bearer {BENCH_KEY}"}, timeout_s=60)

@@ -23,7 +23,7 @@ from bench.gateway.procs import BenchProcessError
 COMPONENTS: tuple[tuple[str, str], ...] = (
     ("bench pass-through / launcher", r"(^|/)bench/"),
     ("gateway (gearshift)", r"(^|/)gateway/"),
-    ("store (fleet.store_*)", r"(^|/)fleet/store"),
+    ("store (fleet/store/)", r"(^|/)fleet/store"),
     ("fleet (gearshift, other)", r"(^|/)fleet/"),
     ("aiohttp (upstream client)", r"(^|/)aiohttp/"),
     ("redis client", r"(^|/)redis/"),

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from fleet import metrics as names
+from fleet import vllm_metrics as names
 
 
 @dataclass(frozen=True, slots=True)

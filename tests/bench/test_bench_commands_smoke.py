@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from bench.gateway.targets import CommandLauncher
 from bench.markdown import parse_table
-from gearshift.cli import app
+from gearshift.cli.app import app
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

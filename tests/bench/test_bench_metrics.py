@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from bench.lab import RawRun, TickSample
-from bench.metrics import meets_sla, summarise
-from bench.scenario import Scenario
+from bench.policy.lab import RawRun, TickSample
+from bench.policy.run_metrics import meets_sla, summarise
+from bench.policy.scenario import Scenario
 from fleet.perf import load_profile
 from workers.sim.records import RequestRecord, RunRecords, StepRecord
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from bench.lab import run_policy
-from bench.metrics import summarise
-from bench.policies import ControllerPolicy, PhaseOracle, StaticSchedule
-from bench.scenario import Scenario
-from bench.suite import oracle_ks, threshold_gate, vllm_table
+from bench.policy.lab import run_policy
+from bench.policy.policies import ControllerPolicy, PhaseOracle, StaticSchedule
+from bench.policy.run_metrics import summarise
+from bench.policy.scenario import Scenario
+from bench.policy.suite import oracle_ks, threshold_gate, vllm_table
 from fleet.perf import load_profile
 
 PROFILE = load_profile("kimi-k3-dspark-tp16")

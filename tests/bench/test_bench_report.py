@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from bench.frontier import throughput_at
-from bench.metrics import CostSplit, PhaseMetrics, RunMetrics
-from bench.report import ceiling_note
-from bench.scenario import Scenario
-from bench.suite import CONTROLLER, ORACLE, STATIC_KS, SuiteResult, static_name
-from bench.targets import T_K0, T_MIXED, T_ORACLE, T_SWITCHES, checks, mixed_ceiling
+from bench.policy.frontier import throughput_at
+from bench.policy.report import ceiling_note
+from bench.policy.run_metrics import CostSplit, PhaseMetrics, RunMetrics
+from bench.policy.scenario import Scenario
+from bench.policy.suite import CONTROLLER, ORACLE, STATIC_KS, SuiteResult, static_name
+from bench.policy.targets import T_K0, T_MIXED, T_ORACLE, T_SWITCHES, checks, mixed_ceiling
 
 SCENARIO = Scenario.model_validate(
     {

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.scenario import load_scenario, load_scenarios
+from bench.policy.scenario import load_scenario, load_scenarios
 from fleet.config import ConfigError
 
 BUILT_IN = {

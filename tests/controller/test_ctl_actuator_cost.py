@@ -16,7 +16,7 @@ from controller.window import Window
 from fleet.clock import SystemClock
 from fleet.config import WorkerConfig
 from fleet.speculation import SpeculationUpdate
-from fleet.store import UsageRecord
+from fleet.store.protocol import UsageRecord
 from workers.sim.server import SimServer
 
 

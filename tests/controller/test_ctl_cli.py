@@ -10,10 +10,10 @@ from ctl_helpers import CONTROL_TOKEN, LAB_PROFILE
 from rich.console import Console
 from typer.testing import CliRunner
 
-from controller.explain import explain
 from controller.settings import ControllerSettings
-from gearshift.cli import app
-from gearshift.cli_controller import sample
+from gearshift.cli.app import app
+from gearshift.cli.controller import sample
+from gearshift.cli.explain import explain
 from workers.sim.server import SimServer
 
 

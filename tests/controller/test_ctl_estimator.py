@@ -9,9 +9,8 @@ import pytest
 
 from controller.estimator import EstimatorConfig, WorkerEstimator
 from controller.metrics_text import WorkerScrape
-from controller.model import predict_step
 from controller.window import Window, WindowBreak, window_between
-from fleet.perf import Profile, conditional_acceptance
+from fleet.perf import Profile, conditional_acceptance, predict_step
 
 SCHEDULE4 = ((1, 256, 4),)
 

@@ -14,7 +14,7 @@ from fleet.clock import ManualClock, SystemClock
 from fleet.config import WorkerConfig
 from fleet.perf import Profile
 from fleet.speculation import SpeculationControl, uniform_schedule
-from fleet.store_memory import MemoryStore
+from fleet.store.memory import MemoryStore
 from workers.sim.arrivals import Lengths, Phase, PhasedLoad, WorkloadMix
 from workers.sim.virtual import VirtualLab, make_worker
 

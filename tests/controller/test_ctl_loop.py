@@ -14,7 +14,7 @@ from fleet.clock import ManualClock
 from fleet.config import TenantConfig, TenantsConfig, TierConfig
 from fleet.perf import Profile
 from fleet.speculation import SpeculationUpdate
-from fleet.store import UsageRecord
+from fleet.store.protocol import UsageRecord
 from workers.sim.arrivals import Lengths, Phase, PhasedLoad, WorkloadMix
 from workers.sim.virtual import VirtualLab, VirtualWorker, make_worker
 

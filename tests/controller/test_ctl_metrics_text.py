@@ -8,7 +8,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from controller.metrics_text import parse_worker_metrics, scrape_from_samples
 from controller.sources import PrometheusSource, SourceError, prometheus_samples
-from fleet import metrics as m
+from fleet import vllm_metrics as m
 from fleet.clock import ManualClock
 from fleet.config import WorkerConfig
 

@@ -18,7 +18,7 @@ from controller.sources import HttpScrapeSource
 from fleet.clock import SystemClock
 from fleet.config import DrafterConfig, FleetConfig, ModelConfig, WorkerConfig
 from fleet.perf import Profile
-from fleet.store_memory import MemoryStore
+from fleet.store.memory import MemoryStore
 from workers.sim.server import SimServer
 
 SPEEDUP = 20.0

@@ -11,8 +11,8 @@ import yaml
 from controller.app import ControllerComponent
 from fleet.clock import SystemClock
 from fleet.config import CommonSettings
-from fleet.store_memory import MemoryStore
-from gearshift.up import SharedStore, build_components, controller_components, run_components
+from fleet.store.memory import MemoryStore
+from gearshift.cli.up import SharedStore, build_components, controller_components, run_components
 from tests._net import free_port
 
 

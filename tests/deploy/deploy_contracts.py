@@ -60,7 +60,7 @@ def settings_class(process: Process) -> type[BaseSettings]:
 
 def cli_root() -> Any:
     """The ``gearshift`` command group (Typer's own click copy: duck-typed here)."""
-    from gearshift.cli import app
+    from gearshift.cli.app import app
 
     return typer.main.get_command(app)
 
@@ -136,7 +136,7 @@ def load_settings(process: Process, env: Mapping[str, str]) -> BaseSettings:
 def served_paths(process: Process) -> frozenset[str]:
     """Every HTTP path the process's app serves, from its factory's route table."""
     if process.command == ("gateway",):
-        from fleet.store_memory import MemoryStore
+        from fleet.store.memory import MemoryStore
         from gateway.app import create_app
         from gateway.settings import GatewaySettings
 
@@ -211,7 +211,7 @@ def _families() -> Iterator[tuple[str, str]]:
     from controller.metrics import ControllerMetrics
     from fleet.speculation import SpeculationControl, uniform_schedule
     from gateway.metrics import GatewayMetrics
-    from workers.sim.metrics import render
+    from workers.sim.exposition import render
     from workers.sim.stats import EngineStats
 
     for registry in (GatewayMetrics().registry, ControllerMetrics().registry):

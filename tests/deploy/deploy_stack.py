@@ -27,7 +27,7 @@ from controller.settings import ControllerSettings
 from controller.stabiliser import StabiliserConfig
 from fleet.clock import SystemClock
 from fleet.config import FleetConfig, TenantsConfig, key_digest, load_tenants
-from fleet.store_memory import MemoryStore
+from fleet.store.memory import MemoryStore
 from gateway.serve import GatewayServer
 from gateway.settings import GatewaySettings
 from tests._net import free_port

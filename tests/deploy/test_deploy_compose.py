@@ -74,7 +74,7 @@ def test_gearshift_services_run_real_subcommands_with_settings_the_code_reads(fl
     svcs = services(load(FLEETS[fleet_name]))
     fleet = fleet_of(svcs)
     runner = CliRunner()
-    from gearshift.cli import app
+    from gearshift.cli.app import app
 
     for svc in (s for s in svcs.values() if s.is_gearshift):
         process, command, args = resolve_command(svc.argv)

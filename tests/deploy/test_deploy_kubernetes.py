@@ -316,6 +316,6 @@ def test_each_worker_group_is_one_tp16_engine_over_two_eight_gpu_pods(k8s: Path)
 
 
 def _app() -> Any:
-    from gearshift.cli import app
+    from gearshift.cli.app import app
 
     return app

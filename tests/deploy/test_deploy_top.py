@@ -18,13 +18,13 @@ from prometheus_client import generate_latest
 from controller.metrics_text import parse_worker_metrics
 from fleet.clock import SystemClock
 from fleet.config import FleetConfig, load_tenants
-from fleet.store import WorkerState
-from fleet.store_memory import MemoryStore
+from fleet.store.memory import MemoryStore
+from fleet.store.protocol import WorkerState
 from gateway.metrics import GatewayMetrics
 from gateway.serve import GatewayServer
 from gateway.settings import GatewaySettings
-from gearshift.top import GatewayAdminStates, StoreStates
-from gearshift.top_model import Snapshot, WorkerSample, histogram_quantile, parse_gateway, tenant_rows, worker_rows
+from gearshift.cli.top import GatewayAdminStates, StoreStates
+from gearshift.cli.top_model import Snapshot, WorkerSample, histogram_quantile, parse_gateway, tenant_rows, worker_rows
 from tests._net import free_port
 from workers.sim.server import SimServer
 from workers.sim.settings import SimWorkerSettings

@@ -8,9 +8,9 @@ from collections.abc import AsyncIterator
 import pytest
 
 from fleet.clock import ManualClock
-from fleet.store import Store
-from fleet.store_memory import MemoryStore
-from fleet.store_redis import RedisStore
+from fleet.store.memory import MemoryStore
+from fleet.store.protocol import Store
+from fleet.store.redis import RedisStore
 from tests.fleet.store_harness import T0, StoreHarness
 
 

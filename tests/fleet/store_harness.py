@@ -6,7 +6,7 @@ import asyncio
 from dataclasses import dataclass
 
 from fleet.clock import ManualClock
-from fleet.store import Store
+from fleet.store.protocol import Store
 
 T0 = 1_700_000_000.25
 """A start time (Unix s) that is not on a bucket boundary."""

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fleet.store import UsageRecord
-from fleet.store_ledger import TenantLedger
+from fleet.store.ledger import TenantLedger
+from fleet.store.protocol import UsageRecord
 from tests.fleet.store_harness import T0
 
 DAY_S = 86_400.0

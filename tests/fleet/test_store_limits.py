@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from fleet.store import BudgetLimit, Limit, SlotLimit, WindowLimit
-from fleet.store_window import SLOT_RETRY_AFTER_S
+from fleet.store.protocol import BudgetLimit, Limit, SlotLimit, WindowLimit
+from fleet.store.window import SLOT_RETRY_AFTER_S
 from tests.fleet.store_harness import T0, StoreHarness
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fleet.store import ApiKeyRecord, UsageRecord, WorkerState
+from fleet.store.protocol import ApiKeyRecord, UsageRecord, WorkerState
 from tests.fleet.store_harness import T0, StoreHarness
 
 

@@ -11,10 +11,10 @@ import pytest
 
 from fleet.clock import ManualClock
 from fleet.config import CommonSettings
-from fleet.store import Admission, BudgetLimit, Limit, SlotLimit, UsageRecord, WindowLimit
-from fleet.store_factory import build_store
-from fleet.store_memory import MemoryStore
-from fleet.store_redis import RedisStore
+from fleet.store.factory import build_store
+from fleet.store.memory import MemoryStore
+from fleet.store.protocol import Admission, BudgetLimit, Limit, SlotLimit, UsageRecord, WindowLimit
+from fleet.store.redis import RedisStore
 from tests._net import free_port
 from tests.fleet.store_harness import T0
 

@@ -9,9 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fleet.clock import ManualClock
-from fleet.store import WindowLimit
-from fleet.store_memory import MemoryStore
-from fleet.store_window import BUCKETS_PER_WINDOW
+from fleet.store.memory import MemoryStore
+from fleet.store.protocol import WindowLimit
+from fleet.store.window import BUCKETS_PER_WINDOW
 from tests.fleet.store_harness import T0
 
 WINDOW_S = 60.0

@@ -15,8 +15,8 @@ from opentelemetry.sdk.trace.export import SpanExporter
 
 from fleet.clock import Clock, SystemClock
 from fleet.config import FleetConfig, TenantsConfig, key_digest
-from fleet.store import Store
-from fleet.store_memory import MemoryStore
+from fleet.store.memory import MemoryStore
+from fleet.store.protocol import Store
 from gateway.core import Gateway
 from gateway.serve import GatewayServer
 from gateway.settings import GatewaySettings

@@ -14,7 +14,7 @@ from _net import free_port
 from gateway_harness import KEYS, MODEL, RunningGateway, make_fleet, make_tenants, serve_gateway
 
 from fleet.config import CommonSettings
-from gearshift.up import DEMO_KEY, banner, build_components, gateway_components, run_components
+from gearshift.cli.up import DEMO_KEY, banner, build_components, gateway_components, run_components
 from workers.sim.server import SimServer
 from workers.sim.settings import SimWorkerSettings
 

@@ -12,7 +12,7 @@ from fake_upstream import Mode, StartUpstreams
 from gateway_harness import ADMIN_KEY, MODEL, RunningGateway, make_fleet, make_tenants, serve_gateway
 
 from fleet.config import FleetConfig, TenantsConfig
-from fleet.store_redis import RedisStore
+from fleet.store.redis import RedisStore
 
 pytestmark = pytest.mark.redis
 

@@ -10,7 +10,7 @@ from fake_upstream import StartUpstreams
 from gateway_harness import MODEL, eventually, make_fleet, make_tenants, serve_gateway
 
 from fleet.config import SpeculationPreference, TierConfig
-from fleet.store import WorkerState
+from fleet.store.protocol import WorkerState
 from gateway.pool import WorkerView
 from gateway.routing import (
     KvCacheScorer,

@@ -13,8 +13,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fleet.clock import ManualClock
-from fleet.store import ApiKeyRecord, UsageRecord, WorkerState
-from fleet.store_memory import MemoryStore
+from fleet.store.memory import MemoryStore
+from fleet.store.protocol import ApiKeyRecord, UsageRecord, WorkerState
 from gateway.admission import Admitter, reason_of
 from gateway.auth import KeyRing
 from gateway.body import parse_completion

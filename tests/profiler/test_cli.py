@@ -13,7 +13,7 @@ from _net import free_port, wait_for_port
 from typer.testing import CliRunner
 
 from fleet.perf import load_profile
-from gearshift.cli import app
+from gearshift.cli.app import app
 
 from .conftest import CONTROL_TOKEN
 

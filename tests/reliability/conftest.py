@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from rel_types import StartRedis, StartSims
 
-from bench.soak_procs import Proc, start_redis, start_sim
+from bench.soak.procs import Proc, start_redis, start_sim
 
 
 @pytest.fixture

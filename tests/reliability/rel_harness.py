@@ -17,8 +17,8 @@ import yaml
 
 from fleet.clock import SystemClock
 from fleet.config import FleetConfig, TenantsConfig, key_digest
-from fleet.store import Store
-from fleet.store_memory import MemoryStore
+from fleet.store.memory import MemoryStore
+from fleet.store.protocol import Store
 from gateway.core import Gateway
 from gateway.serve import GatewayServer
 from gateway.settings import GatewaySettings

@@ -17,8 +17,8 @@ from rel_chaos import ChaosProxy, Mode
 from rel_harness import eventually, fleet_of, write_env
 from rel_types import StartRedis, StartSims
 
-from bench.soak_procs import Proc, free_port, start_controller
-from fleet.store_redis import RedisStore
+from bench.soak.procs import Proc, free_port, start_controller
+from fleet.store.redis import RedisStore
 
 pytestmark = pytest.mark.redis
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.soak_fuzz import CHAT_BODY, fuzz_stack, fuzz_target, openai_error_problem, with_completion_bodies
+from bench.soak.fuzz import CHAT_BODY, fuzz_stack, fuzz_target, openai_error_problem, with_completion_bodies
 
 
 def test_fuzzing_finds_no_server_error_and_no_malformed_error_body(tmp_path: Path) -> None:

@@ -13,8 +13,8 @@ import aiohttp
 from rel_harness import KEYS, chat, fleet_of, write_env
 from rel_types import StartSims
 
-from bench.soak_client import StreamResult, stream_chat
-from bench.soak_procs import Proc, start_gateway
+from bench.soak.client import StreamResult, stream_chat
+from bench.soak.procs import Proc, start_gateway
 
 
 def _accepts(port: int) -> bool:

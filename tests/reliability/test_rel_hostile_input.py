@@ -12,9 +12,9 @@ import aiohttp
 import pytest
 from rel_harness import KEYS, MODEL, LiveGateway, chat, eventually, fleet_of, live_gateway
 
-from bench.soak_client import stream_chat
-from bench.soak_probe import established
-from bench.soak_procs import Proc
+from bench.soak.client import stream_chat
+from bench.soak.probe import established
+from bench.soak.procs import Proc
 
 LIMIT = 64 * 1024
 AUTH = {"authorization": f"Bearer {KEYS['alpha']}", "content-type": "application/json"}

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from bench import soak_report
-from bench.soak import SoakConfig, run_soak
-from bench.soak_stack import SoakTenant
+from bench.soak import report as soak_report
+from bench.soak.run import SoakConfig, run_soak
+from bench.soak.stack import SoakTenant
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
 

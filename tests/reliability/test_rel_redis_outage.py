@@ -12,9 +12,9 @@ import pytest
 from rel_harness import KEYS, chat, eventually, fleet_of, live_gateway, tenants_of
 from rel_types import StartRedis, StartSims
 
-from bench.soak_client import StreamResult, stream_chat
-from bench.soak_procs import start_redis
-from fleet.store_redis import RedisStore
+from bench.soak.client import StreamResult, stream_chat
+from bench.soak.procs import start_redis
+from fleet.store.redis import RedisStore
 
 pytestmark = pytest.mark.redis
 

@@ -12,10 +12,10 @@ import aiohttp
 import pytest
 from rel_harness import KEYS, LiveGateway, chat, fleet_of, live_gateway, tenants_of
 
-from bench.soak_client import StreamResult, stream_chat
-from bench.soak_procs import Proc
+from bench.soak.client import StreamResult, stream_chat
+from bench.soak.procs import Proc
 from fleet.config import FleetConfig, TenantsConfig
-from fleet.store_redis import RedisStore
+from fleet.store.redis import RedisStore
 
 pytestmark = pytest.mark.redis
 

@@ -18,10 +18,10 @@ from rel_chaos import ChaosProxy
 from rel_harness import ADMIN_KEY, KEYS, MODEL, PEPPER, chat, fleet_of, live_gateway
 from rel_types import StartSims
 
-from bench.soak_client import stream_chat
-from bench.soak_procs import Proc
+from bench.soak.client import stream_chat
+from bench.soak.procs import Proc
 from fleet.config import key_digest
-from fleet.store_redis import RedisStore
+from fleet.store.redis import RedisStore
 
 pytestmark = pytest.mark.redis
 

@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from fleet.store_redis import RedisStore
+from fleet.store.redis import RedisStore
 
 pytestmark = pytest.mark.redis
 

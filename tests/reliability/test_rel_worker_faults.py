@@ -16,8 +16,8 @@ from rel_chaos import ChaosProxy, Mode
 from rel_harness import KEYS, chat, eventually, fleet_of, live_gateway, tenants_of
 from rel_types import StartSims
 
-from bench.soak_client import StreamResult, stream_chat
-from fleet.store import UsageRecord
+from bench.soak.client import StreamResult, stream_chat
+from fleet.store.protocol import UsageRecord
 
 
 @pytest.fixture

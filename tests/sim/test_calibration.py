@@ -6,11 +6,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from typer import Typer
 from typer.testing import CliRunner
 
 from fleet.perf import load_profile
-from gearshift.cli_sim_lab import register
+from gearshift.cli.sim import sim_app as app
 from workers.sim.arrivals import Lengths, WorkloadMix
 from workers.sim.crossover import BestKRow, CrossoverRow, best_k_rows, crossover_rows
 from workers.sim.figures import (
@@ -85,8 +84,6 @@ def test_seed_figures_file_parses_and_rejects_unknown_keys(tmp_path: Path) -> No
 
 
 def test_figures_command_prints_the_table_and_fails_on_a_miss(tmp_path: Path) -> None:
-    app = Typer()
-    register(app)
     runner = CliRunner()
     ok = runner.invoke(app, ["figures"])
     assert ok.exit_code == 0, ok.output

@@ -13,8 +13,8 @@ import yaml
 from typer.testing import CliRunner
 
 from fleet.config import CommonSettings
-from gearshift.cli import app
-from gearshift.up import Component, banner, build_components, run_components
+from gearshift.cli.app import app
+from gearshift.cli.up import Component, banner, build_components, run_components
 from workers.sim.fleet import SimFleet
 
 from .conftest import sim_settings

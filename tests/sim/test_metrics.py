@@ -5,10 +5,10 @@ from __future__ import annotations
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from fleet import metrics as names
+from fleet import vllm_metrics as names
 from fleet.speculation import SpeculationUpdate
 from workers.sim.engine import EngineCore
-from workers.sim.metrics import SimWorkerMetrics, render
+from workers.sim.exposition import SimWorkerMetrics, render
 
 from .engine_helpers import make_engine, req, run_to_completion
 

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from bench.virtual_speed import measure
+from bench.policy.virtual_speed import measure
 from fleet.clock import ManualClock
 from fleet.perf import StepShape, load_profile, step_time
 from fleet.speculation import SpeculationUpdate

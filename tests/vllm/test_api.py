@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from fleet.clock import ManualClock
 from workers.vllm.api import PATH, STATE_ATTR, SpeculationFront, create_router, poll_forever
 from workers.vllm.control import EngineSideMissing, EngineSpeculation, EngineView, Reply
-from workers.vllm.metrics import WorkerSpecMetrics
+from workers.vllm.spec_metrics import WorkerSpecMetrics
 
 TOKEN = "test-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from gearshift.cli import app
+from gearshift.cli.app import app
 
 KIMI_FLEET = str(Path(__file__).resolve().parents[2] / "deploy" / "fleets" / "kimi-k3-dspark.yaml")
 

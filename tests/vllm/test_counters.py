@@ -6,7 +6,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 
-from fleet import metrics as names
+from fleet import vllm_metrics as names
 from workers.vllm.counters import SpecCounters, parse_spec_counters
 from workers.vllm.measure import process_group_rss_bytes
 

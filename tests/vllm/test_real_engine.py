@@ -21,7 +21,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from fleet import metrics as names
+from fleet import vllm_metrics as names
 from workers.vllm.counters import SpecCounters
 from workers.vllm.cpu_server import TINY_K_MAX, TINY_MAX_NUM_SEQS, RunningServer
 from workers.vllm.measure import BatchResult, read_counters, run_batch

@@ -27,7 +27,7 @@ from controller.stabiliser import StabiliserConfig
 from fleet.clock import SystemClock
 from fleet.config import FleetConfig, TenantsConfig, WorkerConfig, key_digest
 from fleet.perf import load_profile
-from fleet.store_memory import MemoryStore
+from fleet.store.memory import MemoryStore
 from gateway.serve import GatewayServer
 from gateway.settings import GatewaySettings
 from workers.vllm.counters import SpecCounters

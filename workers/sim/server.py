@@ -15,7 +15,7 @@ from aiohttp import web
 from fleet.clock import Clock, SystemClock
 from workers.sim import control_api, openai_api
 from workers.sim.errors import error_middleware
-from workers.sim.metrics import CONTENT_TYPE
+from workers.sim.exposition import CONTENT_TYPE
 from workers.sim.settings import SimWorkerSettings
 from workers.sim.worker import WORKER, SimWorker
 

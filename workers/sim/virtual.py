@@ -38,7 +38,7 @@ from fleet.perf import Profile
 from fleet.speculation import Schedule, SpeculationControl, uniform_schedule
 from workers.sim.arrivals import ArrivalProcess, PhaseCallback, RequestSpec
 from workers.sim.engine import EngineCore, SimRequest, StepOutcome
-from workers.sim.metrics import SimWorkerMetrics
+from workers.sim.exposition import SimWorkerMetrics
 from workers.sim.records import RequestRecord, RunRecords, StepRecord
 from workers.sim.scheduler import SchedulingPolicy
 from workers.sim.stats import EngineStats

@@ -8,7 +8,7 @@ from fleet.clock import Clock
 from fleet.speculation import SpeculationControl, uniform_schedule
 from workers.sim.driver import RealTimeDriver
 from workers.sim.engine import EngineCore
-from workers.sim.metrics import SimWorkerMetrics
+from workers.sim.exposition import SimWorkerMetrics
 from workers.sim.settings import SimWorkerSettings
 from workers.sim.stats import EngineStats
 

@@ -23,7 +23,7 @@ from fastapi.responses import JSONResponse
 from fleet.clock import Clock
 from fleet.speculation import SpeculationState
 from workers.vllm.control import STATUS_OK, UNAVAILABLE_TYPE, EngineSideMissing, Reply, error_reply
-from workers.vllm.metrics import WorkerSpecMetrics
+from workers.vllm.spec_metrics import WorkerSpecMetrics
 
 log = logging.getLogger("vllm.gearshift")
 

@@ -1,7 +1,7 @@
 """vLLM's speculative-decoding counters read off a ``/metrics`` text: the evidence that k changed.
 
 Pure functions over Prometheus text (parsed with ``prometheus_client``'s parser), summed over every
-``engine``/``model_name`` label set. Names come from ``fleet.metrics``.
+``engine``/``model_name`` label set. Names come from ``fleet.vllm_metrics``.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from fleet import metrics as names
+from fleet import vllm_metrics as names
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,8 @@ from fleet.clock import SystemClock
 from workers.vllm import internals
 from workers.vllm.api import STATE_ATTR, SpeculationFront, create_router, poll_forever
 from workers.vllm.control import EngineSpeculation, Reply
-from workers.vllm.metrics import WorkerSpecMetrics
 from workers.vllm.settings import VllmPluginSettings
+from workers.vllm.spec_metrics import WorkerSpecMetrics
 
 log = logging.getLogger("vllm.gearshift")
 

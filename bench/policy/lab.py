@@ -1,0 +1,208 @@
+"""One policy on one scenario in virtual time: the scenario's load on simulated workers
+(``workers.sim.virtual.VirtualLab``), the policy ticking, a recorder sampling every worker each tick.
+
+A run covers the scenario's phases, then a drain (no new arrivals, at most ``DRAIN_S``) so that requests that
+arrived in time can finish; metrics count work that arrived before the end (``bench.policy.run_metrics``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from bench.policy.capacity import MixPoint, capacity_requests_per_s
+from bench.policy.cost_meter import ControllerCostMeter, ModelCost
+from bench.policy.policies import LabContext, LabPolicy
+from bench.policy.routing import GatewayRouter
+from bench.policy.scenario import Lengths as SpecLengths
+from bench.policy.scenario import Phase as ScenarioPhase
+from bench.policy.scenario import Scenario, TrafficClass
+from controller.lab import lab_fleet
+from fleet.clock import ManualClock
+from fleet.perf import Profile, load_profile
+from fleet.speculation import Schedule
+from workers.sim.arrivals import Lengths, Phase, PhasedLoad, RequestKind, WorkloadMix
+from workers.sim.records import RunRecords
+from workers.sim.virtual import TickContext, VirtualLab, VirtualWorker, make_worker
+
+DRAIN_S = 120.0
+"""Longest virtual time the lab keeps running after the last phase, to let requests in flight finish."""
+
+
+@dataclass(frozen=True, slots=True)
+class TickSample:
+    """One worker at one tick: the schedule's k (the largest k of its table) and its queue."""
+
+    t_s: float
+    worker: int
+    k: int
+    running: int
+    waiting: int
+
+
+@dataclass
+class RawRun:
+    """What one run leaves for the metrics: the lab's records plus the tick samples."""
+
+    scenario: Scenario
+    policy: str
+    records: RunRecords
+    ticks: list[TickSample] = field(default_factory=list)
+    schedule_changes: int = 0
+    """Times a worker's applied schedule changed (every worker, the whole run)."""
+    model_cost: ModelCost | None = None
+    """The controller's cost model's totals over the measured span (``bench.policy.cost_meter``)."""
+
+
+def _kind(cls: TrafficClass, scenario: Scenario) -> RequestKind:
+    def lengths(spec: SpecLengths) -> Lengths:
+        return Lengths(spec.mean, spec.sigma, spec.min, spec.max)
+
+    return RequestKind(
+        workload=cls.workload,
+        prompt_tokens=lengths(cls.prompt_tokens),
+        output_tokens=lengths(cls.output_tokens),
+        weight=cls.weight,
+        priority=scenario.tiers[cls.tier].priority,
+        tag=cls.tier,
+    )
+
+
+def mix_point(phase: ScenarioPhase) -> MixPoint:
+    """The phase's mean request shape, for capacity estimates."""
+    total = sum(c.weight for c in phase.mix)
+    return MixPoint(
+        workloads=tuple((c.workload, c.weight) for c in phase.mix),
+        prompt_tokens=sum(c.weight * c.prompt_tokens.mean for c in phase.mix) / total,
+        output_tokens=sum(c.weight * c.output_tokens.mean for c in phase.mix) / total,
+    )
+
+
+def poisson_rate(scenario: Scenario, phase: ScenarioPhase, profile: Profile) -> float:
+    """Requests/s of the phase's Poisson component (0 for closed loops)."""
+    arrival = phase.arrival
+    base = arrival.base if arrival.kind == "burst" else arrival
+    if base.kind != "poisson":
+        return 0.0
+    if base.rate_per_s is not None:
+        return base.rate_per_s
+    assert base.load is not None
+    cap = capacity_requests_per_s(
+        profile, mix_point(phase), workers=scenario.workers, max_num_seqs=scenario.max_num_seqs
+    )
+    return base.load * cap
+
+
+def build_load(scenario: Scenario, profile: Profile) -> PhasedLoad:
+    """The scenario as the lab's piecewise arrival process."""
+    phases = []
+    for p in scenario.phases:
+        mix = WorkloadMix(tuple(_kind(c, scenario) for c in p.mix))
+        arrival = p.arrival
+        phases.append(
+            Phase(
+                duration_s=p.duration_s,
+                mix=mix,
+                concurrency=arrival.concurrency if arrival.kind == "closed" else 0,
+                rate_per_s=poisson_rate(scenario, p, profile),
+                burst_size=arrival.size if arrival.kind == "burst" else 0,
+                burst_every_s=arrival.every_s if arrival.kind == "burst" else 0.0,
+                name=p.name,
+            )
+        )
+    return PhasedLoad(phases)
+
+
+def lab_context(scenario: Scenario) -> LabContext:
+    return LabContext(
+        profile_name=scenario.profile,
+        tiers=scenario.tiers,
+        tick_s=scenario.tick_s,
+        gpus_per_worker=scenario.gpus_per_worker,
+        usd_per_gpu_hour=scenario.usd_per_gpu_hour,
+        phase_bounds=tuple((p.name, a, b) for p, a, b in scenario.phase_bounds()),
+    )
+
+
+def make_workers(scenario: Scenario, profile: Profile, clock: ManualClock, start: Schedule) -> list[VirtualWorker]:
+    """The scenario's workers, each starting on ``start``; priority scheduling when the tiers differ in it."""
+    uses_priority = len({t.priority for t in scenario.tiers.values()}) > 1
+    return [
+        make_worker(
+            profile,
+            f"w{i}",
+            clock,
+            schedule=start,
+            max_num_seqs=scenario.max_num_seqs,
+            scheduling="priority" if uses_priority else "fcfs",
+            seed=scenario.seed * 1000 + i,
+        )
+        for i in range(scenario.workers)
+    ]
+
+
+@dataclass
+class _Recorder:
+    """The lab's tick hook: lets the policy act, then samples every worker's schedule and queue."""
+
+    policy: LabPolicy
+    raw: RawRun
+    last: list[Schedule]
+    meter: ControllerCostMeter
+
+    def __call__(self, tick: TickContext) -> None:
+        self.policy.on_tick(tick)
+        self.meter.on_tick(tick)
+        for i, w in enumerate(tick.workers):
+            schedule = w.control.schedule
+            if schedule != self.last[i]:
+                self.raw.schedule_changes += 1
+                self.last[i] = schedule
+            stats = w.stats
+            self.raw.ticks.append(TickSample(tick.now_s, i, max(r[2] for r in schedule), stats.running, stats.waiting))
+
+
+def run_policy(scenario: Scenario, policy: LabPolicy, *, profile: Profile | None = None) -> RawRun:
+    """Run ``policy`` on ``scenario`` (deterministic for the scenario's seed)."""
+    profile = profile or load_profile(scenario.profile)
+    clock = ManualClock()
+    start = policy.start_schedule(k_max=profile.drafter.k_max, max_num_seqs=scenario.max_num_seqs)
+    workers = make_workers(scenario, profile, clock, start)
+    policy.bind(workers, lab_context(scenario))
+    raw = RawRun(scenario=scenario, policy=policy.name, records=RunRecords(()))
+    meter = ControllerCostMeter(
+        workers,
+        profile,
+        clock,
+        tiers=scenario.tiers,
+        tick_s=scenario.tick_s,
+        start_s=scenario.warmup_s,
+        end_s=scenario.duration_s,
+    )
+    router = GatewayRouter(
+        fleet=lab_fleet(workers, profile),
+        tiers=scenario.tiers,
+        clock=clock,
+        states=policy.published_states,
+        seed=scenario.seed,
+    )
+    lab = VirtualLab(
+        workers,
+        build_load(scenario, profile),
+        clock=clock,
+        seed=scenario.seed,
+        tick_s=scenario.tick_s,
+        on_tick=_Recorder(policy, raw, [w.control.schedule for w in workers], meter),
+        router=router,
+    )
+    try:
+        lab.run(scenario.duration_s)
+        drain_until = scenario.duration_s + DRAIN_S
+        while any(w.outstanding for w in workers) and lab.now_s < drain_until:
+            lab.run(min(lab.now_s + 10.0, drain_until))
+    finally:
+        policy.close()
+        router.close()
+        meter.close()
+    raw.records = lab.records
+    raw.model_cost = meter.result()
+    return raw

@@ -1,0 +1,188 @@
+"""Scenario files: the load a policy is evaluated under (DESIGN §8).
+
+A scenario is a sequence of *phases*; each phase has a duration (virtual seconds), an arrival process and a
+traffic mix. A traffic class names a workload (acceptance class of the profile), an SLA tier and the request
+length distributions. Poisson rates may be given absolutely (``rate_per_s``) or as a fraction of the fleet's
+capacity (``load``), which the lab resolves with the profile's performance model, so a scenario keeps its
+meaning when the profile is recalibrated.
+
+Files are YAML; a bad file raises ``fleet.config.ConfigError`` naming the file and the field.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from importlib import resources
+from pathlib import Path
+from typing import Annotated, Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from fleet.config import ConfigError, TierConfig, load_yaml, parse_model
+
+SCENARIO_PACKAGE = "bench.policy.scenarios"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Lengths(_Strict):
+    """A token-length distribution: lognormal with this mean, clipped to ``[min, max]`` (tokens)."""
+
+    mean: Annotated[float, Field(gt=0)]
+    sigma: Annotated[float, Field(ge=0, le=3)] = 0.5
+    """Shape of the lognormal (0 gives exactly ``mean``)."""
+    min: Annotated[int, Field(ge=1)] = 1
+    max: Annotated[int, Field(ge=1)] = 1_000_000
+
+    @model_validator(mode="after")
+    def _bounds(self) -> Self:
+        if self.min > self.max:
+            raise ValueError(f"min: {self.min} exceeds max {self.max}")
+        return self
+
+
+class TrafficClass(_Strict):
+    """One kind of request in a phase's mix."""
+
+    workload: str = "chat"
+    """Acceptance class of the profile (maths, code, chat, long-context, …)."""
+    tier: str = "batch"
+    """SLA tier name (from the scenario's ``tiers``)."""
+    weight: Annotated[float, Field(gt=0)] = 1.0
+    """Relative share of arrivals (or of closed-loop streams)."""
+    prompt_tokens: Lengths = Lengths(mean=1000)
+    output_tokens: Lengths = Lengths(mean=500)
+
+
+class ClosedLoop(_Strict):
+    """``concurrency`` streams, each sending its next request as soon as the previous one finishes."""
+
+    kind: Literal["closed"] = "closed"
+    concurrency: Annotated[int, Field(ge=1, le=4096)]
+    """Concurrent streams across the whole fleet."""
+
+
+class Poisson(_Strict):
+    """Poisson arrivals at ``rate_per_s`` requests/s, or at ``load`` × the fleet's estimated capacity."""
+
+    kind: Literal["poisson"] = "poisson"
+    rate_per_s: Annotated[float, Field(gt=0)] | None = None
+    load: Annotated[float, Field(gt=0, le=5)] | None = None
+    """Offered load as a fraction of the fleet's capacity (best static k, full batch) for this phase's mix."""
+
+    @model_validator(mode="after")
+    def _one_of(self) -> Self:
+        if (self.rate_per_s is None) == (self.load is None):
+            raise ValueError("give exactly one of 'rate_per_s' or 'load'")
+        return self
+
+
+class Burst(_Strict):
+    """Background Poisson load plus ``size`` requests arriving at once every ``every_s`` seconds."""
+
+    kind: Literal["burst"] = "burst"
+    base: Poisson
+    size: Annotated[int, Field(ge=1)]
+    every_s: Annotated[float, Field(gt=0)]
+
+
+Arrival = Annotated[ClosedLoop | Poisson | Burst, Field(discriminator="kind")]
+
+
+class Phase(_Strict):
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.@-]{1,48}$")]
+    duration_s: Annotated[float, Field(gt=0)]
+    """Virtual seconds."""
+    arrival: Arrival
+    mix: Annotated[tuple[TrafficClass, ...], Field(min_length=1)]
+
+
+class Scenario(_Strict):
+    name: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9-]{0,47}$")]
+    description: str
+    profile: str = "kimi-k3-dspark-tp16"
+    workers: Annotated[int, Field(ge=1, le=64)] = 2
+    max_num_seqs: Annotated[int, Field(ge=1, le=4096)] = 256
+    gpus_per_worker: Annotated[int, Field(gt=0)] = 16
+    usd_per_gpu_hour: Annotated[float, Field(ge=0)] = 3.0
+    seed: int = 1
+    tick_s: Annotated[float, Field(gt=0)] = 2.0
+    """Controller tick (virtual seconds)."""
+    warmup_s: Annotated[float, Field(ge=0)] = 0.0
+    """Requests arriving before this time are run but left out of the metrics."""
+    mixed: bool = False
+    """A mixed scenario (workloads, tiers or load change over time): the controller must beat every static k."""
+    tiers: dict[str, TierConfig] = Field(
+        default_factory=lambda: {
+            "interactive": TierConfig(priority=0, ttft_target_s=2.0, tpot_target_s=0.05),
+            "batch": TierConfig(priority=10),
+        }
+    )
+    phases: Annotated[tuple[Phase, ...], Field(min_length=1)]
+
+    @model_validator(mode="after")
+    def _cross_check(self) -> Self:
+        names = [p.name for p in self.phases]
+        if len(set(names)) != len(names):
+            raise ValueError(f"phases: duplicate phase name in {names}")
+        for i, phase in enumerate(self.phases):
+            for j, cls in enumerate(phase.mix):
+                if cls.tier not in self.tiers:
+                    raise ValueError(
+                        f"phases[{i}].mix[{j}].tier: unknown tier {cls.tier!r}; known: {sorted(self.tiers)}"
+                    )
+        if self.warmup_s >= self.duration_s:
+            raise ValueError(f"warmup_s: {self.warmup_s} is not below the scenario's duration {self.duration_s}")
+        return self
+
+    @property
+    def duration_s(self) -> float:
+        """Total virtual duration of all phases, seconds."""
+        return sum(p.duration_s for p in self.phases)
+
+    def phase_bounds(self) -> Iterator[tuple[Phase, float, float]]:
+        """Each phase with its ``[start_s, end_s)`` on the scenario clock."""
+        start = 0.0
+        for phase in self.phases:
+            yield phase, start, start + phase.duration_s
+            start += phase.duration_s
+
+    def phase_at(self, t_s: float) -> Phase:
+        """The phase running at scenario time ``t_s`` (the last phase past the end)."""
+        for phase, start, end in self.phase_bounds():
+            if start <= t_s < end:
+                return phase
+        return self.phases[-1]
+
+    def scaled(self, factor: float, *, name_suffix: str = "") -> Scenario:
+        """This scenario with every phase (and the warm-up) ``factor`` times as long (for smoke runs)."""
+        phases = tuple(p.model_copy(update={"duration_s": p.duration_s * factor}) for p in self.phases)
+        update = {"phases": phases, "warmup_s": self.warmup_s * factor, "name": self.name + name_suffix}
+        return self.model_copy(update=update)
+
+
+def load_scenario(path: Path) -> Scenario:
+    """Load and validate one scenario file."""
+    scenario = parse_model(Scenario, load_yaml(path), source=str(path))
+    if scenario.name != path.stem:
+        raise ConfigError(f"{path}: name: {scenario.name!r} must match the file name {path.stem!r}")
+    return scenario
+
+
+def builtin_scenario_dir() -> Path:
+    return Path(str(resources.files(SCENARIO_PACKAGE)))
+
+
+def load_scenarios(directory: Path | None = None, names: list[str] | None = None) -> list[Scenario]:
+    """Load every ``*.yaml`` scenario in ``directory`` (the built-in set by default), sorted by name,
+    keeping only ``names`` when given (an unknown name is an error naming it)."""
+    directory = directory or builtin_scenario_dir()
+    found = {p.stem: p for p in sorted(directory.glob("*.yaml"))}
+    if names:
+        unknown = [n for n in names if n not in found]
+        if unknown:
+            raise ConfigError(f"scenario: unknown {unknown}; known: {sorted(found)}")
+        found = {n: found[n] for n in names}
+    return [load_scenario(p) for p in found.values()]

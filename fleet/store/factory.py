@@ -1,0 +1,19 @@
+"""Build the ``Store`` the settings ask for: Redis when ``redis_url`` is set, else process memory."""
+
+from __future__ import annotations
+
+from fleet.clock import Clock, SystemClock
+from fleet.config import CommonSettings
+from fleet.store.memory import MemoryStore
+from fleet.store.protocol import Store
+from fleet.store.redis import RedisStore
+
+
+def build_store(settings: CommonSettings, *, clock: Clock | None = None) -> Store:
+    """A ``RedisStore`` on ``settings.redis_url`` with ``settings.key_prefix``, or a ``MemoryStore`` on ``clock``.
+
+    The caller owns the result and must ``await store.close()``. No connection is made until first use.
+    """
+    if settings.redis_url:
+        return RedisStore.from_url(settings.redis_url, prefix=settings.key_prefix)
+    return MemoryStore(clock=clock or SystemClock())

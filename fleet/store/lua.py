@@ -1,0 +1,277 @@
+"""Lua scripts of ``RedisStore``. Each runs atomically inside Redis in one round trip (EVALSHA).
+
+The window math mirrors ``fleet.store.window`` exactly (same doubles, same bucket indices, same order),
+so ``MemoryStore`` and ``RedisStore`` agree to the bit. Fractional numbers cross the Lua boundary only as
+``%.17g`` strings: Redis truncates returned Lua numbers to integers, and may format arguments with fewer digits.
+"""
+
+from __future__ import annotations
+
+_WINDOW_LIB = """
+local NB = tonumber(ARGV[2])
+local function width(window) return window / NB end
+local function bucket_of(t, window) return math.floor(t / width(window)) end
+local function expiry(index, window) return (index + 1) * width(window) + window end
+-- live buckets of a window hash as a sorted list of {index, count}; deletes the dead ones
+local function live_buckets(key, window, now)
+  local flat = redis.call('HGETALL', key)
+  local live = {}
+  for i = 1, #flat, 2 do
+    local index = tonumber(flat[i])
+    if expiry(index, window) <= now then
+      redis.call('HDEL', key, flat[i])
+    else
+      live[#live + 1] = {index, tonumber(flat[i + 1])}
+    end
+  end
+  table.sort(live, function(a, b) return a[1] < b[1] end)
+  return live
+end
+-- idle keys vanish a minute after their last unit stops counting
+local function window_ttl_ms(window) return math.ceil((2 * window + 60) * 1000) end
+local function reserve(key, cost, window, now)
+  if cost > 0 then
+    redis.call('HINCRBY', key, string.format('%d', bucket_of(now, window)), cost)
+    redis.call('PEXPIRE', key, window_ttl_ms(window))
+  end
+end
+"""
+
+ADMIT = (
+    _WINDOW_LIB
+    + """
+-- KEYS: one per limit. ARGV: now, NB, then 4 per limit: kind ('w'|'s'|'b') and three parameters:
+--   w: cost, limit, window_s    s: slot_id, limit, ttl_s    b: limit_usd, '', ''
+-- returns {1} when admitted, else {0, index of the refusing limit, retry_after_s}
+local now = tonumber(ARGV[1])
+local function retry_window(key, cost, limit, window)
+  local live = live_buckets(key, window, now)
+  local used = 0
+  for _, b in ipairs(live) do used = used + b[2] end
+  local need = used + cost - limit
+  if need <= 0 then return nil end
+  if cost > limit then return window end
+  local freed = 0
+  for _, b in ipairs(live) do
+    freed = freed + b[2]
+    if freed >= need then return expiry(b[1], window) - now end
+  end
+  return window
+end
+local function retry_slot(key, slot_id, limit)
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', ARGV[1])
+  if redis.call('ZSCORE', key, slot_id) then return nil end
+  if redis.call('ZCARD', key) < limit then return nil end
+  return tonumber(ARGV[3])
+end
+for i = 1, #KEYS do
+  local base = 3 + (i - 1) * 4
+  local kind = ARGV[base + 1]
+  local retry = nil
+  if kind == 'w' then
+    retry = retry_window(KEYS[i], tonumber(ARGV[base + 2]), tonumber(ARGV[base + 3]), tonumber(ARGV[base + 4]))
+  elseif kind == 's' then
+    retry = retry_slot(KEYS[i], ARGV[base + 2], tonumber(ARGV[base + 3]))
+  else
+    local spent = tonumber(redis.call('GET', KEYS[i]) or '0')
+    if spent >= tonumber(ARGV[base + 2]) then retry = 0 end
+  end
+  if retry then return {0, i, string.format('%.17g', retry)} end
+end
+for i = 1, #KEYS do
+  local base = 3 + (i - 1) * 4
+  local kind = ARGV[base + 1]
+  if kind == 'w' then
+    reserve(KEYS[i], tonumber(ARGV[base + 2]), tonumber(ARGV[base + 4]), now)
+  elseif kind == 's' then
+    local ttl = tonumber(ARGV[base + 4])
+    redis.call('ZADD', KEYS[i], string.format('%.17g', now + ttl), ARGV[base + 2])
+    redis.call('PEXPIRE', KEYS[i], math.ceil((ttl + 60) * 1000))
+  end
+end
+return {1}
+"""
+)
+"""ARGV[3] is the slot retry-after; limits start at ARGV[4]."""
+
+SETTLE = (
+    _WINDOW_LIB
+    + """
+-- KEYS: windows, then slots, then spend counters. ARGV: now, NB, n_windows, n_slots, then
+--   3 per window (cost, window_s, reserved_at or ''), 1 per slot (slot_id), 1 per counter (usd)
+local now = tonumber(ARGV[1])
+local nw, ns = tonumber(ARGV[3]), tonumber(ARGV[4])
+local arg = 5
+for i = 1, nw do
+  local key, cost, window = KEYS[i], tonumber(ARGV[arg]), tonumber(ARGV[arg + 1])
+  local reserved_at = tonumber(ARGV[arg + 2]) or now
+  arg = arg + 3
+  local live = live_buckets(key, window, now)
+  if cost > 0 then
+    reserve(key, cost, window, now)
+  elseif cost < 0 then
+    local amount, newest = -cost, bucket_of(reserved_at, window)
+    for _, b in ipairs(live) do
+      if amount <= 0 or b[1] > newest then break end
+      local take = math.min(b[2], amount)
+      amount = amount - take
+      local field = string.format('%d', b[1])
+      if take == b[2] then redis.call('HDEL', key, field) else redis.call('HINCRBY', key, field, -take) end
+    end
+  end
+end
+for i = nw + 1, nw + ns do
+  redis.call('ZREM', KEYS[i], ARGV[arg])
+  arg = arg + 1
+end
+for i = nw + ns + 1, #KEYS do
+  local total = tonumber(redis.call('GET', KEYS[i]) or '0') + tonumber(ARGV[arg])
+  redis.call('SET', KEYS[i], string.format('%.17g', total))
+  arg = arg + 1
+end
+return 1
+"""
+)
+
+WORKER_STATES = """
+-- KEYS[1]: the set of published worker ids. ARGV[1]: the prefix of the per-worker keys (which carry the TTL)
+local out = {}
+for _, id in ipairs(redis.call('SMEMBERS', KEYS[1])) do
+  local text = redis.call('GET', ARGV[1] .. id)
+  if text then out[#out + 1] = text else redis.call('SREM', KEYS[1], id) end
+end
+return out
+"""
+
+ACQUIRE_LEASE = """
+-- KEYS[1]: lease. ARGV: holder, ttl_ms. Take it when free, renew it when ours.
+local current = redis.call('GET', KEYS[1])
+if current == ARGV[1] then redis.call('PEXPIRE', KEYS[1], ARGV[2]) return 1 end
+if not current then redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) return 1 end
+return 0
+"""
+
+RELEASE_LEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+_LEDGER_LIB = """
+local function fmt(x) return string.format('%.17g', x) end
+local function rollup_field(size, unit) return fmt(size) .. ':' .. string.format('%d', unit) end
+"""
+
+APPEND_USAGE = (
+    _LEDGER_LIB
+    + """
+-- Appends a batch of records in one round trip. KEYS: the global ledger stream, then per record the tenant's
+-- index (sorted set at → record JSON) and the tenant's roll-ups (hash 'size:unit' → 'requests prompt
+-- completion usd'). ARGV: the number of roll-up sizes, the sizes, then 6 per record: at, record JSON, tenant,
+-- prompt, completion, cost_usd. Appending an identical record again is a no-op (no double billing).
+-- Returns how many records were new.
+local nsizes = tonumber(ARGV[1])
+local sizes = {}
+for i = 1, nsizes do sizes[i] = tonumber(ARGV[1 + i]) end
+local appended = 0
+local arg = 2 + nsizes
+for k = 2, #KEYS, 2 do
+  local index, rollups = KEYS[k], KEYS[k + 1]
+  if redis.call('ZADD', index, 'NX', ARGV[arg], ARGV[arg + 1]) == 1 then
+    appended = appended + 1
+    redis.call('XADD', KEYS[1], '*', 'tenant', ARGV[arg + 2], 'record', ARGV[arg + 1])
+    local at = tonumber(ARGV[arg])
+    for _, size in ipairs(sizes) do
+      local field = rollup_field(size, math.floor(at / size))
+      local n, p, c, usd = 0, 0, 0, 0.0
+      local old = redis.call('HGET', rollups, field)
+      if old then
+        local a, b, d, e = string.match(old, '^(%S+) (%S+) (%S+) (%S+)$')
+        n, p, c, usd = tonumber(a), tonumber(b), tonumber(d), tonumber(e)
+      end
+      n, p, c = n + 1, p + tonumber(ARGV[arg + 3]), c + tonumber(ARGV[arg + 4])
+      usd = usd + tonumber(ARGV[arg + 5])
+      redis.call('HSET', rollups, field, string.format('%d %d %d ', n, p, c) .. fmt(usd))
+    end
+  end
+  arg = arg + 6
+end
+return appended
+"""
+)
+
+USAGE = (
+    _LEDGER_LIB
+    + """
+-- KEYS: the global ledger stream, the tenant's index (sorted set at → record JSON), the tenant's roll-ups
+-- (hash 'size:unit' → 'requests prompt completion usd'). ARGV: at, record JSON, tenant, prompt, completion,
+-- cost_usd, then the roll-up sizes. Appending an identical record again is a no-op (no double billing).
+if redis.call('ZADD', KEYS[2], 'NX', ARGV[1], ARGV[2]) == 0 then return 0 end
+redis.call('XADD', KEYS[1], '*', 'tenant', ARGV[3], 'record', ARGV[2])
+local at = tonumber(ARGV[1])
+for i = 7, #ARGV do
+  local size = tonumber(ARGV[i])
+  local field = rollup_field(size, math.floor(at / size))
+  local n, p, c, usd = 0, 0, 0, 0.0
+  local old = redis.call('HGET', KEYS[3], field)
+  if old then
+    local a, b, d, e = string.match(old, '^(%S+) (%S+) (%S+) (%S+)$')
+    n, p, c, usd = tonumber(a), tonumber(b), tonumber(d), tonumber(e)
+  end
+  n, p, c, usd = n + 1, p + tonumber(ARGV[4]), c + tonumber(ARGV[5]), usd + tonumber(ARGV[6])
+  redis.call('HSET', KEYS[3], field, string.format('%d %d %d ', n, p, c) .. fmt(usd))
+end
+return 1
+"""
+)
+
+USAGE = (
+    _LEDGER_LIB
+    + """
+-- KEYS: the tenant's index, the tenant's roll-ups. ARGV: since, until (exclusive), limit, the roll-up sizes.
+-- Returns {requests, prompt, completion, usd, first `limit` records}; see fleet.store.ledger for the split.
+local since, until_, limit = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local sizes = {}
+for i = 4, #ARGV do sizes[#sizes + 1] = tonumber(ARGV[i]) end
+local records = redis.call('ZRANGEBYSCORE', KEYS[1], ARGV[1], '(' .. ARGV[2], 'LIMIT', 0, ARGV[3])
+local n, p, c, usd = 0, 0, 0, 0.0
+local function add_records(lo, hi)
+  for _, text in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], fmt(lo), '(' .. fmt(hi))) do
+    local r = cjson.decode(text)
+    n, p, c, usd = n + 1, p + r.prompt_tokens, c + r.completion_tokens, usd + r.cost_usd
+  end
+end
+local function add_units(size, first, last)
+  for unit = first, last do
+    local v = redis.call('HGET', KEYS[2], rollup_field(size, unit))
+    if v then
+      local a, b, d, e = string.match(v, '^(%S+) (%S+) (%S+) (%S+)$')
+      n, p, c, usd = n + tonumber(a), p + tonumber(b), c + tonumber(d), usd + tonumber(e)
+    end
+  end
+end
+local function split(lo, hi, level)
+  if level > #sizes then add_records(lo, hi) return end
+  local size = sizes[level]
+  local first, last = math.ceil(lo / size), math.floor(hi / size)
+  if first >= last then split(lo, hi, level + 1) return end
+  split(lo, first * size, level + 1)
+  add_units(size, first, last - 1)
+  split(last * size, hi, level + 1)
+end
+local oldest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+if #oldest > 0 then
+  local newest = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
+  local lo, hi = math.max(since, tonumber(oldest[2])), math.min(until_, tonumber(newest[2]) + 1)
+  if lo < hi then split(lo, hi, 1) end
+end
+return {n, string.format('%d', p), string.format('%d', c), fmt(usd), records}
+"""
+)
+
+REVOKE_KEY = """
+-- KEYS: id → digest hash, revoked set. ARGV[1]: key id.
+local digest = redis.call('HGET', KEYS[1], ARGV[1])
+if not digest then return 0 end
+redis.call('SADD', KEYS[2], digest)
+return 1
+"""

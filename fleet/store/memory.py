@@ -1,0 +1,187 @@
+"""``MemoryStore``: the ``Store`` in process memory, for the embedded one-process mode and for tests.
+
+It runs the same algorithms as ``RedisStore`` (window math from ``fleet.store.window``, slots as
+slot id → expiry, records kept as the same JSON text) so the contract suite can demand identical results.
+Times that the protocol passes in (``now``) are used as given; TTLs without a ``now`` (worker states,
+leases) use the injected clock's monotonic time. All methods run without awaiting, so each is atomic on
+the event loop, which is what makes ``admit`` all-or-nothing here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from fleet.clock import Clock, SystemClock
+from fleet.store import window as win
+from fleet.store.ledger import TenantLedger
+from fleet.store.protocol import (
+    Admission,
+    ApiKeyRecord,
+    BudgetLimit,
+    Limit,
+    SlotLimit,
+    UsageRecord,
+    UsageTotals,
+    WindowLimit,
+    WorkerState,
+)
+
+
+class MemoryStore:
+    """In-process ``Store``. ``clock`` drives the TTLs of worker states and leases."""
+
+    def __init__(self, *, clock: Clock | None = None) -> None:
+        self._clock = clock or SystemClock()
+        self._windows: dict[str, dict[int, int]] = {}
+        self._slots: dict[str, dict[str, float]] = {}
+        self._spend: dict[str, float] = {}
+        self._workers: dict[str, tuple[str, float]] = {}
+        self._ejected: dict[str, tuple[float, str]] = {}
+        self._leases: dict[str, tuple[str, float]] = {}
+        self._tenants: dict[str, TenantLedger] = {}
+        self._keys_by_digest: dict[str, str] = {}
+        self._digest_by_id: dict[str, str] = {}
+        self._revoked: set[str] = set()
+
+    # limits -------------------------------------------------------------------------------------------
+    async def admit(self, limits: Sequence[Limit], *, now: float) -> Admission:
+        for lim in limits:
+            refusal = self._check(lim, now)
+            if refusal is not None:
+                return Admission(allowed=False, tripped=lim.key, retry_after_s=refusal)
+        for lim in limits:
+            if isinstance(lim, WindowLimit):
+                win.reserve(self._window(lim.key), cost=lim.cost, window_s=lim.window_s, now=now)
+            elif isinstance(lim, SlotLimit):
+                self._slots.setdefault(lim.key, {})[lim.slot_id] = now + lim.ttl_s
+        return Admission(allowed=True)
+
+    def _check(self, lim: Limit, now: float) -> float | None:
+        """None when ``lim`` admits; else the retry-after in seconds."""
+        if isinstance(lim, WindowLimit):
+            buckets = self._window(lim.key)
+            win.prune(buckets, window_s=lim.window_s, now=now)
+            return win.retry_after(buckets, cost=lim.cost, limit=lim.limit, window_s=lim.window_s, now=now)
+        if isinstance(lim, SlotLimit):
+            slots = self._slots.setdefault(lim.key, {})
+            for slot_id in [s for s, exp in slots.items() if exp <= now]:
+                del slots[slot_id]
+            if lim.slot_id in slots or len(slots) < lim.limit:
+                return None
+            return win.SLOT_RETRY_AFTER_S
+        assert isinstance(lim, BudgetLimit)
+        return 0.0 if self._spend.get(lim.key, 0.0) >= lim.limit_usd else None
+
+    def _window(self, key: str) -> dict[int, int]:
+        return self._windows.setdefault(key, {})
+
+    async def settle(
+        self,
+        *,
+        windows: Sequence[WindowLimit],
+        slots: Sequence[SlotLimit],
+        spend: dict[str, float],
+        now: float,
+    ) -> None:
+        for w in windows:
+            buckets = self._window(w.key)
+            win.prune(buckets, window_s=w.window_s, now=now)
+            if w.cost > 0:
+                win.reserve(buckets, cost=w.cost, window_s=w.window_s, now=now)
+            elif w.cost < 0:
+                win.refund(buckets, amount=-w.cost, window_s=w.window_s, now=now, reserved_at=w.reserved_at)
+        for s in slots:
+            self._slots.get(s.key, {}).pop(s.slot_id, None)
+        for key, usd in spend.items():
+            self._spend[key] = self._spend.get(key, 0.0) + usd
+
+    async def spent(self, key: str) -> float:
+        return self._spend.get(key, 0.0)
+
+    # worker state --------------------------------------------------------------------------------------
+    async def publish_worker_state(self, state: WorkerState, *, ttl_s: float) -> None:
+        self._workers[state.worker_id] = (state.model_dump_json(), self._clock.monotonic() + ttl_s)
+
+    async def worker_states(self) -> dict[str, WorkerState]:
+        now = self._clock.monotonic()
+        for worker_id in [w for w, (_, exp) in self._workers.items() if exp <= now]:
+            del self._workers[worker_id]
+        return {w: WorkerState.model_validate_json(text) for w, (text, _) in self._workers.items()}
+
+    # outlier ejection ----------------------------------------------------------------------------------
+    async def eject(self, worker_id: str, *, until: float, reason: str) -> None:
+        self._ejected[worker_id] = (until, reason)
+
+    async def ejected(self, *, now: float) -> dict[str, float]:
+        for worker_id in [w for w, (until, _) in self._ejected.items() if until <= now]:
+            del self._ejected[worker_id]
+        return {w: until for w, (until, _) in self._ejected.items()}
+
+    # leader lease --------------------------------------------------------------------------------------
+    async def acquire_lease(self, name: str, holder: str, *, ttl_s: float) -> bool:
+        current = await self.lease_holder(name)
+        if current is not None and current != holder:
+            return False
+        self._leases[name] = (holder, self._clock.monotonic() + ttl_s)
+        return True
+
+    async def release_lease(self, name: str, holder: str) -> None:
+        if await self.lease_holder(name) == holder:
+            del self._leases[name]
+
+    async def lease_holder(self, name: str) -> str | None:
+        lease = self._leases.get(name)
+        if lease is None or lease[1] <= self._clock.monotonic():
+            self._leases.pop(name, None)
+            return None
+        return lease[0]
+
+    # usage ledger --------------------------------------------------------------------------------------
+    async def append_usage(self, record: UsageRecord) -> None:
+        self._tenants.setdefault(record.tenant, TenantLedger()).append(record)
+
+    async def append_usage_many(self, records: Sequence[UsageRecord]) -> None:
+        for record in records:
+            await self.append_usage(record)
+
+    async def usage(self, tenant: str, *, since: float, until: float, limit: int = 1000) -> UsageTotals:
+        return self._tenants.get(tenant, TenantLedger()).usage(since, until, max(limit, 0))
+
+    # API keys ------------------------------------------------------------------------------------------
+    async def put_api_key(self, record: ApiKeyRecord) -> None:
+        self._keys_by_digest[record.digest] = record.model_dump_json()
+        self._digest_by_id[record.key_id] = record.digest
+
+    async def api_key_by_digest(self, digest: str) -> ApiKeyRecord | None:
+        text = self._keys_by_digest.get(digest)
+        return None if text is None else key_record(text, revoked=digest in self._revoked)
+
+    async def api_keys(self, tenant: str | None = None) -> list[ApiKeyRecord]:
+        records = [key_record(t, revoked=d in self._revoked) for d, t in self._keys_by_digest.items()]
+        return sort_keys(records, tenant)
+
+    async def revoke_api_key(self, key_id: str) -> bool:
+        digest = self._digest_by_id.get(key_id)
+        if digest is None:
+            return False
+        self._revoked.add(digest)
+        return True
+
+    # lifecycle -----------------------------------------------------------------------------------------
+    async def ping(self) -> bool:
+        return True
+
+    async def close(self) -> None:
+        return None
+
+
+def key_record(text: str, *, revoked: bool) -> ApiKeyRecord:
+    """Parse a stored key record, marking it revoked when the revocation set says so; shared by both stores."""
+    record = ApiKeyRecord.model_validate_json(text)
+    return record.model_copy(update={"revoked": True}) if revoked and not record.revoked else record
+
+
+def sort_keys(records: list[ApiKeyRecord], tenant: str | None) -> list[ApiKeyRecord]:
+    """``records`` of ``tenant`` (all when None), oldest first; shared by both stores."""
+    chosen = [r for r in records if tenant is None or r.tenant == tenant]
+    return sorted(chosen, key=lambda r: (r.created_at, r.key_id))

@@ -1,0 +1,198 @@
+"""The ``Store`` protocol: all state that gateway replicas and controllers share (DESIGN §3.3).
+
+Two implementations with the same semantics: ``fleet.store.memory.MemoryStore`` (one process, the embedded
+mode) and ``fleet.store.redis.RedisStore`` (replicas on a real Redis). One contract test suite runs against
+both. Every method is one round trip on Redis; ``admit`` checks and reserves all of a request's limits
+atomically in one round trip, so the gateway's hot path pays one store call to admit and one to settle.
+All times are Unix seconds; money is USD; token counts are tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from pydantic import BaseModel, ConfigDict
+
+
+# ------------------------------------------------------------------------------------------------ limits
+@dataclass(frozen=True, slots=True)
+class WindowLimit:
+    """At most ``limit`` units (requests or tokens) per rolling ``window_s`` under ``key``; reserve ``cost``.
+
+    In ``settle``, ``cost`` is the correction and ``reserved_at`` (Unix s, optional) the ``now`` of the
+    ``admit`` that reserved it: a refund then lowers only that reservation's part of the window and is dropped
+    once the reservation has left the window. One key must always be used with the same ``window_s``."""
+
+    key: str
+    cost: int
+    limit: int
+    window_s: float = 60.0
+    reserved_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SlotLimit:
+    """At most ``limit`` concurrent holders of ``key``; this request holds ``slot_id`` until released or
+    until ``ttl_s`` passes (a crashed gateway's slots free themselves)."""
+
+    key: str
+    slot_id: str
+    limit: int
+    ttl_s: float = 600.0
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetLimit:
+    """Refuse when the spend counter ``key`` has reached ``limit_usd``."""
+
+    key: str
+    limit_usd: float
+
+
+Limit = WindowLimit | SlotLimit | BudgetLimit
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """Result of ``Store.admit``. On refusal nothing was reserved; ``tripped`` is the key of the first
+    limit that refused and ``retry_after_s`` when it would admit the same request again."""
+
+    allowed: bool
+    tripped: str | None = None
+    retry_after_s: float = 0.0
+
+
+# ---------------------------------------------------------------------------------------- shared records
+class WorkerState(BaseModel):
+    """What the controller publishes about a worker for the gateway's routing and metering (TTL'd)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    worker_id: str
+    model: str
+    k_desired: int
+    k_applied: int
+    accepted_length: float
+    """Mean tokens per step per sequence (1 + accepted/drafts) at the applied k."""
+    acceptance_per_pos: list[float] = []
+    tpot_predicted_s: float | None = None
+    running: float = 0.0
+    waiting: float = 0.0
+    kv_usage: float = 0.0
+    """Fraction of the KV cache in use, 0…1."""
+    usd_per_mtok: float | None = None
+    """Cost per million output tokens including the drafter and rejected drafts, USD."""
+    overloaded: bool = False
+    """No candidate k meets the TPOT target of the tiers this worker serves: steer or shed load."""
+    stale: bool = False
+    reason: str = ""
+    updated_at: float = 0.0
+
+
+class UsageRecord(BaseModel):
+    """One metered request, appended to the ledger. Costs in USD, times in seconds."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    request_id: str
+    tenant: str
+    model: str
+    worker_id: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    cost_usd: float
+    status: str
+    """``ok``, ``error`` or ``cancelled``."""
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+    at: float
+    """When the request finished, Unix seconds."""
+
+
+class ApiKeyRecord(BaseModel):
+    """An API key created through the admin API; only its keyed digest is kept."""
+
+    key_id: str
+    tenant: str
+    digest: str
+    created_at: float
+    revoked: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class UsageTotals:
+    requests: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float = 0.0
+    records: Sequence[UsageRecord] = field(default_factory=tuple)
+
+
+# ------------------------------------------------------------------------------------------------- store
+class Store(Protocol):
+    # limits -------------------------------------------------------------------------------------------
+    async def admit(self, limits: Sequence[Limit], *, now: float) -> Admission:
+        """Check every limit and, only if all pass, reserve them all (all-or-nothing, atomic)."""
+        ...
+
+    async def settle(
+        self,
+        *,
+        windows: Sequence[WindowLimit],
+        slots: Sequence[SlotLimit],
+        spend: dict[str, float],
+        now: float,
+    ) -> None:
+        """After a request: correct each window by ``cost`` (negative refunds an over-reservation), release
+        the slots, and add ``spend`` (key → USD) to the spend counters. One round trip."""
+        ...
+
+    async def spent(self, key: str) -> float:
+        """Current value of a spend counter, USD."""
+        ...
+
+    # worker state (controller → gateway) ---------------------------------------------------------------
+    async def publish_worker_state(self, state: WorkerState, *, ttl_s: float) -> None: ...
+    async def worker_states(self) -> dict[str, WorkerState]:
+        """Every unexpired published worker state, by worker id."""
+        ...
+
+    # outlier ejection (shared by gateway replicas) ------------------------------------------------------
+    async def eject(self, worker_id: str, *, until: float, reason: str) -> None: ...
+    async def ejected(self, *, now: float) -> dict[str, float]:
+        """Worker id → ejected-until (Unix s) for every ejection still in force."""
+        ...
+
+    # leader lease (controller HA) ----------------------------------------------------------------------
+    async def acquire_lease(self, name: str, holder: str, *, ttl_s: float) -> bool:
+        """Take the lease if free or expired, or renew it if ``holder`` has it. True when ``holder`` holds it."""
+        ...
+
+    async def release_lease(self, name: str, holder: str) -> None: ...
+    async def lease_holder(self, name: str) -> str | None: ...
+
+    # usage ledger ---------------------------------------------------------------------------------------
+    async def append_usage(self, record: UsageRecord) -> None:
+        """Append to the ledger (append-only) and add the record to the tenant's totals."""
+        ...
+
+    async def append_usage_many(self, records: Sequence[UsageRecord]) -> None:
+        """``append_usage`` for each record, in order, in one round trip (all-or-nothing on Redis)."""
+        ...
+
+    async def usage(self, tenant: str, *, since: float, until: float, limit: int = 1000) -> UsageTotals:
+        """A tenant's totals over every record with ``since <= at < until``, and the first ``limit`` of those
+        records in time order (the totals are exact whatever ``limit`` is)."""
+        ...
+
+    # API keys created at run time -----------------------------------------------------------------------
+    async def put_api_key(self, record: ApiKeyRecord) -> None: ...
+    async def api_key_by_digest(self, digest: str) -> ApiKeyRecord | None: ...
+    async def api_keys(self, tenant: str | None = None) -> list[ApiKeyRecord]: ...
+    async def revoke_api_key(self, key_id: str) -> bool: ...
+
+    # lifecycle ------------------------------------------------------------------------------------------
+    async def ping(self) -> bool: ...
+    async def close(self) -> None: ...

@@ -1,0 +1,1 @@
+"""The ``gearshift`` command line, one module per command or command group (``app`` wires them)."""

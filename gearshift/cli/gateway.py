@@ -1,0 +1,52 @@
+"""``gearshift gateway``: one gateway process, settings from ``GEARSHIFT_*`` and the fleet/tenants files."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Annotated
+
+import typer
+import uvloop
+
+from fleet.clock import SystemClock
+from fleet.config import ConfigError
+from fleet.store.factory import build_store
+from gateway.serve import GatewayServer
+from gateway.settings import GatewaySettings
+
+
+async def serve(settings: GatewaySettings) -> None:
+    """Run the gateway until interrupted; the store is closed on the way out."""
+    clock = SystemClock()
+    store = build_store(settings, clock=clock)
+    try:
+        server = GatewayServer(settings, store=store, clock=clock, fleet=settings.fleet(), tenants=settings.tenants())
+        await server.start()
+        logging.getLogger("gearshift.gateway").info("gateway listening on %s", server.url)
+        await server.wait()
+    finally:
+        await store.close()
+
+
+def run(
+    host: Annotated[str | None, typer.Option("--host", help="Listen address (GEARSHIFT_HOST).")] = None,
+    port: Annotated[int | None, typer.Option("--port", help="Listen port (GEARSHIFT_PORT); 0 picks one.")] = None,
+) -> None:
+    """Run the OpenAI-compatible gateway in front of the fleet file's workers."""
+    try:
+        overrides = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
+        settings = GatewaySettings(**overrides)  # type: ignore[arg-type]
+        settings.fleet()
+        settings.tenants()
+    except (ConfigError, ValueError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(serve(settings))
+
+
+def register(root: typer.Typer) -> None:
+    """Add ``gearshift gateway`` to the root command."""
+    root.command("gateway")(run)

@@ -1,0 +1,252 @@
+"""``gearshift top``: a live terminal view of the fleet (rich).
+
+Per worker: model, k desired/applied, accepted length, running/waiting, KV use, output tokens/s, $/Mtok and the
+controller's last decision reason. Per tenant: requests/s and the TPOT p99 of its tier against the target.
+Sources: each worker's ``/metrics`` (URLs from the fleet file), the gateway's ``/metrics``, and the worker
+states the controller publishes — read from the store when ``GEARSHIFT_REDIS_URL`` is set, otherwise through
+the gateway's admin API (which serves them from the store of a ``gearshift up`` process).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Annotated, Any, Protocol
+
+import httpx
+import typer
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+
+from controller.metrics_text import WorkerScrape, parse_worker_metrics
+from fleet.config import CommonSettings, ConfigError, FleetConfig, TenantsConfig
+from fleet.store.factory import build_store
+from fleet.store.protocol import Store, WorkerState
+from gateway.settings import GatewaySettings
+from gearshift.cli.top_model import (
+    Snapshot,
+    TenantRow,
+    WorkerRow,
+    WorkerSample,
+    parse_gateway,
+    tenant_rows,
+    worker_rows,
+)
+
+
+class StateSource(Protocol):
+    async def states(self) -> tuple[dict[str, WorkerState], dict[str, bool]]:
+        """Published worker states by id, and the gateway's health view by id (may be empty)."""
+        ...
+
+
+class StoreStates:
+    """Worker states straight from the shared store (Redis)."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    async def states(self) -> tuple[dict[str, WorkerState], dict[str, bool]]:
+        return await self._store.worker_states(), {}
+
+
+class GatewayAdminStates:
+    """Worker states and health through the gateway's ``GET /admin/v1/workers`` (admin key)."""
+
+    def __init__(self, client: httpx.AsyncClient, gateway_url: str, admin_key: str) -> None:
+        self._client, self._url, self._key = client, gateway_url.rstrip("/"), admin_key
+
+    async def states(self) -> tuple[dict[str, WorkerState], dict[str, bool]]:
+        try:
+            response = await self._client.get(
+                f"{self._url}/admin/v1/workers", headers={"authorization": f"Bearer {self._key}"}
+            )
+            response.raise_for_status()
+        except httpx.HTTPError:
+            return {}, {}
+        rows: list[dict[str, Any]] = response.json()["data"]
+        states = {r["id"]: WorkerState.model_validate(r["state"]) for r in rows if r.get("state")}
+        return states, {r["id"]: bool(r["healthy"]) for r in rows}
+
+
+async def _get_text(client: httpx.AsyncClient, url: str) -> str | None:
+    try:
+        response = await client.get(url)
+        response.raise_for_status()
+    except httpx.HTTPError:
+        return None
+    return response.text
+
+
+def _parse(text: str | None, *, at_s: float, model: str) -> WorkerScrape | None:
+    """A worker's scrape, or None when it did not answer or answered something that is not an exposition."""
+    if text is None:
+        return None
+    try:
+        return parse_worker_metrics(text, at_s=at_s, model=model)
+    except ValueError:
+        return None
+
+
+async def take_snapshot(
+    client: httpx.AsyncClient,
+    fleet: FleetConfig,
+    gateway_url: str,
+    source: StateSource,
+    *,
+    now: Callable[[], float] = time.monotonic,
+) -> Snapshot:
+    """Read every worker's metrics, the gateway's metrics and the published states, concurrently."""
+    urls = [f"{w.url.rstrip('/')}/metrics" for w in fleet.workers]
+    texts_task = asyncio.gather(*(_get_text(client, url) for url in urls))
+    gateway_text, (states, healthy), texts = await asyncio.gather(
+        _get_text(client, f"{gateway_url.rstrip('/')}/metrics"), source.states(), texts_task
+    )
+    at_s = now()
+    workers = {
+        w.id: WorkerSample(
+            worker_id=w.id,
+            model=w.model,
+            scrape=_parse(text, at_s=at_s, model=w.model),
+            state=states.get(w.id),
+            healthy=healthy.get(w.id),
+        )
+        for w, text in zip(fleet.workers, texts, strict=True)
+    }
+    gateway = parse_gateway(gateway_text) if gateway_text is not None else None
+    return Snapshot(at_s=at_s, workers=workers, gateway=gateway)
+
+
+# ---------------------------------------------------------------------------------------------- rendering
+def _num(value: float | None, fmt: str, empty: str = "–") -> str:
+    return empty if value is None else format(value, fmt)
+
+
+def _ms(seconds: float | None, fmt: str) -> str:
+    return "–" if seconds is None else f"{format(1000 * seconds, fmt)} ms"
+
+
+def _k(row: WorkerRow) -> str:
+    desired, applied = _num(row.k_desired, "d"), _num(row.k_applied, "d")
+    mark = "" if row.k_desired is None or row.k_desired == row.k_applied else " [yellow]≠[/]"
+    return f"{desired}/{applied}{mark}"
+
+
+def workers_table(rows: list[WorkerRow]) -> Table:
+    table = Table(title="workers", title_justify="left", expand=True)
+    for name, justify in (
+        ("worker", "left"), ("model", "left"), ("k des/app", "right"), ("acc len", "right"), ("run/wait", "right"),
+        ("KV", "right"), ("tok/s", "right"), ("$/Mtok", "right"), ("status", "left"), ("last decision", "left"),
+    ):  # fmt: skip
+        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    colours = {"ok": "green", "down": "red", "unhealthy": "red", "stale": "yellow"}
+    for r in rows:
+        table.add_row(
+            r.worker_id,
+            r.model,
+            _k(r),
+            _num(r.accepted_length, ".2f"),
+            f"{_num(r.running, '.0f')}/{_num(r.waiting, '.0f')}",
+            _num(None if r.kv_usage is None else 100 * r.kv_usage, ".0f") + ("%" if r.kv_usage is not None else ""),
+            _num(r.tokens_per_s, ",.0f"),
+            _num(r.usd_per_mtok, ".2f"),
+            f"[{colours.get(r.status, 'white')}]{r.status}[/]",
+            r.reason,
+        )
+    return table
+
+
+def tenants_table(rows: list[TenantRow]) -> Table:
+    table = Table(title="tenants", title_justify="left", expand=True)
+    for name in ("tenant", "tier", "req/s", "TPOT p99", "target", "SLA"):
+        table.add_column(name, justify="left" if name in ("tenant", "tier", "SLA") else "right")
+    for r in rows:
+        met = None if r.tpot_p99_s is None or r.tpot_target_s is None else r.tpot_p99_s <= r.tpot_target_s
+        sla = "–" if met is None else "[green]met[/]" if met else "[red]missed[/]"
+        table.add_row(
+            r.tenant,
+            r.tier,
+            _num(r.requests_per_s, ".2f"),
+            _ms(r.tpot_p99_s, ".1f"),
+            _ms(r.tpot_target_s, ".0f"),
+            sla,
+        )
+    return table
+
+
+def render(prev: Snapshot, cur: Snapshot, fleet: FleetConfig, tenants: TenantsConfig) -> Group:
+    window = cur.at_s - prev.at_s
+    gateway = "gateway: unreachable" if cur.gateway is None else f"rates over the last {window:.1f} s"
+    return Group(workers_table(worker_rows(prev, cur, fleet)), tenants_table(tenant_rows(prev, cur, tenants)), gateway)
+
+
+# ------------------------------------------------------------------------------------------------ command
+async def run_top(
+    settings: CommonSettings,
+    *,
+    gateway_url: str,
+    interval_s: float,
+    once: bool,
+    console: Console,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+) -> None:
+    """Sample the fleet every ``interval_s`` seconds and draw it; with ``once``, draw one frame and return."""
+    fleet, tenants = settings.fleet(), settings.tenants()
+    store = build_store(settings) if settings.redis_url else None
+    async with httpx.AsyncClient(timeout=httpx.Timeout(max(0.5, interval_s))) as client:
+        source: StateSource = (
+            StoreStates(store)
+            if store is not None
+            else GatewayAdminStates(client, gateway_url, settings.admin_key.get_secret_value())
+        )
+        try:
+            prev = await take_snapshot(client, fleet, gateway_url, source)
+            await sleep(interval_s)
+            cur = await take_snapshot(client, fleet, gateway_url, source)
+            if once:
+                console.print(render(prev, cur, fleet, tenants))
+                return
+            with Live(render(prev, cur, fleet, tenants), console=console, auto_refresh=False) as live:
+                while True:
+                    await sleep(interval_s)
+                    prev, cur = cur, await take_snapshot(client, fleet, gateway_url, source)
+                    live.update(render(prev, cur, fleet, tenants), refresh=True)
+        finally:
+            if store is not None:
+                await store.close()
+
+
+def top(
+    gateway: Annotated[
+        str | None, typer.Option("--gateway", help="Gateway base URL (default: GEARSHIFT_HOST and GEARSHIFT_PORT).")
+    ] = None,
+    interval: Annotated[float, typer.Option("--interval", min=0.1, help="Seconds between samples.")] = 2.0,
+    once: Annotated[bool, typer.Option("--once", help="Draw one frame (two samples) and exit.")] = False,
+    width: Annotated[int | None, typer.Option("--width", min=60, help="Terminal width for --once output.")] = None,
+    svg: Annotated[Path | None, typer.Option("--svg", help="With --once: also save the frame as an SVG image.")] = None,
+) -> None:
+    """Live view of the fleet: per worker k, acceptance, load, cost and decisions; per tenant rate and TPOT."""
+    try:
+        settings = GatewaySettings()
+        url = gateway or f"http://{_loopback(settings.host)}:{settings.port}"
+        console = Console(width=width, record=svg is not None)
+        asyncio.run(run_top(settings, gateway_url=url, interval_s=interval, once=once, console=console))
+        if svg is not None and once:
+            console.save_svg(str(svg), title="gearshift top")
+    except (ConfigError, ValueError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    except KeyboardInterrupt:
+        return
+
+
+def _loopback(host: str) -> str:
+    return "127.0.0.1" if host in ("0.0.0.0", "") else host
+
+
+def register(root: typer.Typer) -> None:
+    """Add ``gearshift top`` to the root command."""
+    root.command("top")(top)

