@@ -12,7 +12,6 @@ from collections.abc import Mapping
 from typing import Protocol
 
 import httpx
-from pydantic import ValidationError
 
 from fleet.config import WorkerConfig
 from fleet.speculation import (
@@ -22,8 +21,7 @@ from fleet.speculation import (
     SpeculationUpdate,
     StaleVersionError,
 )
-
-SPECULATION_PATH = "/gearshift/v1/speculation"
+from fleet.speculation_client import SpeculationCallError, SpeculationClient
 
 
 class ActuationError(RuntimeError):
@@ -45,35 +43,22 @@ class Actuator(Protocol):
 
 
 class HttpActuator:
-    def __init__(self, client: httpx.AsyncClient, *, control_token: str, timeout_s: float = 2.0) -> None:
-        self._client = client
-        self._headers = {"Authorization": f"Bearer {control_token}"}
-        self._timeout = timeout_s
+    """Applies k through each worker's control API (``fleet.speculation_client``)."""
 
-    async def _call(self, method: str, worker: WorkerConfig, body: str | None = None) -> SpeculationState:
-        url = worker.url.rstrip("/") + SPECULATION_PATH
-        headers = dict(self._headers)
-        if body is not None:
-            headers["Content-Type"] = "application/json"
-        try:
-            resp = await self._client.request(method, url, content=body, headers=headers, timeout=self._timeout)
-        except httpx.HTTPError as exc:
-            raise ActuationError(f"worker {worker.id}: {method} {url}: {exc!r}") from exc
-        if resp.status_code != 200:
-            raise ActuationError(
-                f"worker {worker.id}: {method} {url}: HTTP {resp.status_code}: {resp.text[:200]}",
-                stale_version=resp.status_code == 409,
-            )
-        try:
-            return SpeculationState.model_validate_json(resp.content)
-        except ValidationError as exc:
-            raise ActuationError(f"worker {worker.id}: {method} {url}: bad response body: {exc}") from exc
+    def __init__(self, client: httpx.AsyncClient, *, control_token: str, timeout_s: float = 2.0) -> None:
+        self._api = SpeculationClient(client, control_token=control_token, timeout_s=timeout_s)
 
     async def current(self, worker: WorkerConfig) -> SpeculationState:
-        return await self._call("GET", worker)
+        try:
+            return await self._api.state(worker.url)
+        except SpeculationCallError as exc:
+            raise ActuationError(f"worker {worker.id}: {exc}", stale_version=exc.stale_version) from exc
 
     async def apply(self, worker: WorkerConfig, update: SpeculationUpdate) -> SpeculationState:
-        return await self._call("PUT", worker, update.model_dump_json(exclude_none=True))
+        try:
+            return await self._api.update(worker.url, update)
+        except SpeculationCallError as exc:
+            raise ActuationError(f"worker {worker.id}: {exc}", stale_version=exc.stale_version) from exc
 
 
 class ControlActuator:

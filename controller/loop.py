@@ -19,7 +19,6 @@ from controller.canary import CanaryGate
 from controller.cost import WorkerCost, attribute_to_tenants, prefill_seconds_per_token, worker_cost
 from controller.estimator import Estimate, WorkerEstimator
 from controller.metrics import ControllerMetrics
-from controller.metrics_text import WorkerScrape
 from controller.policy import Decision, decide
 from controller.settings import ControllerSettings
 from controller.sources import MetricsSource, SourceError
@@ -28,6 +27,7 @@ from controller.window import Window, WindowBreak, window_between
 from fleet.clock import Clock
 from fleet.config import FleetConfig, TenantsConfig, WorkerConfig
 from fleet.perf import Profile, load_profile
+from fleet.scrape import WorkerScrape
 from fleet.speculation import SpeculationUpdate
 from fleet.store.protocol import Store, UsageRecord, WorkerState
 

@@ -16,9 +16,9 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from controller.metrics_text import Sample, WorkerScrape, parse_worker_metrics, scrape_from_samples
 from fleet.clock import Clock
 from fleet.config import WorkerConfig
+from fleet.scrape import Sample, WorkerScrape, parse_worker_metrics, scrape_from_samples
 
 
 class SourceError(RuntimeError):

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from controller.metrics_text import WorkerScrape
-
-_COUNTERS = ("drafts", "draft_tokens", "accepted", "preemptions", "generation_tokens", "prompt_tokens", "steps")
+from fleet.scrape import COUNTER_FIELDS, WorkerScrape
 
 
 class WindowBreak(ValueError):
@@ -69,31 +67,27 @@ def window_between(prev: WorkerScrape, cur: WorkerScrape, *, k: int) -> Window:
     duration = cur.at_s - prev.at_s
     if duration <= 0:
         raise WindowBreak("no time passed between the scrapes")
-    for name in _COUNTERS:
-        if getattr(cur, name) < getattr(prev, name):
+    delta = cur - prev
+    for name in COUNTER_FIELDS:
+        if getattr(delta, name) < 0:
             raise WindowBreak(f"counter reset: {name} went backwards (worker restarted)")
     if prev.spec_version != cur.spec_version or prev.spec_schedule != cur.spec_schedule:
         raise WindowBreak("speculation schedule changed inside the window")
     if cur.spec_k is not None:
         k = cur.spec_k
-    n = max(len(prev.accepted_per_pos), len(cur.accepted_per_pos))
-    before = prev.accepted_per_pos + (0.0,) * (n - len(prev.accepted_per_pos))
-    after = cur.accepted_per_pos + (0.0,) * (n - len(cur.accepted_per_pos))
-    per_pos = tuple(max(a - b, 0.0) for a, b in zip(after, before, strict=True))
-    steps = cur.steps - prev.steps
     return Window(
         duration_s=duration,
         k=k,
-        drafts=cur.drafts - prev.drafts,
-        draft_tokens=cur.draft_tokens - prev.draft_tokens,
-        accepted=cur.accepted - prev.accepted,
-        accepted_per_pos=per_pos,
-        preemptions=cur.preemptions - prev.preemptions,
-        generation_tokens=cur.generation_tokens - prev.generation_tokens,
-        prompt_tokens=cur.prompt_tokens - prev.prompt_tokens,
-        steps=steps,
+        drafts=delta.drafts,
+        draft_tokens=delta.draft_tokens,
+        accepted=delta.accepted,
+        accepted_per_pos=tuple(max(v, 0.0) for v in delta.accepted_per_pos),
+        preemptions=delta.preemptions,
+        generation_tokens=delta.generation_tokens,
+        prompt_tokens=delta.prompt_tokens,
+        steps=delta.steps,
         running=(prev.running + cur.running) / 2,
         waiting=(prev.waiting + cur.waiting) / 2,
         kv_usage=cur.kv_usage,
-        busy=prev.running > 0 and cur.running > 0 and steps > 0,
+        busy=prev.running > 0 and cur.running > 0 and delta.steps > 0,
     )

@@ -96,10 +96,11 @@ def fleet_overview() -> Dashboard:
         ),
         Panel(
             "Errors/s by type",
-            (Query(rate_by("gearshift_gateway_errors_total", "type, status"), "{{type}} ({{status}})"),),
+            (Query(rate_by("gearshift_gateway_errors_total", "type"), "{{type}}"),),
             "reqps",
             stacked=True,
-            description="Errors returned to clients, by OpenAI error type and HTTP status (or mid-stream).",
+            description="Errors returned to clients (as a response or mid-stream), by the error's OpenAI type, "
+            "e.g. insufficient_quota for a spent budget.",
         ),
         Panel(
             "Output tokens/s per worker (engine)",

@@ -3,7 +3,8 @@
 The simulator uses it to decide how long each engine step takes and how many drafts are accepted; the
 controller uses the same model (corrected online by observed step times) to predict goodput and TPOT for
 every candidate k. Parameters live in profile YAML files under ``fleet/profiles/``; the profile documents
-which values are physical and which were fitted to the published figures.
+which values are physical and which were fitted to the published figures, the hardware it describes and the
+vLLM settings it assumes (``serving``), and names the figures file it is calibrated against.
 
 Units: seconds, bytes, FLOPs, tokens.
 """
@@ -15,9 +16,9 @@ from dataclasses import dataclass
 from functools import cached_property
 from importlib import resources
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from fleet.config import load_yaml, parse_model
 
@@ -54,8 +55,20 @@ class TargetModel(_Strict):
     """Attention FLOPs per query token per context token, summed over layers (MLA absorbed attention:
     layers · heads · (2·(latent + rope) + 2·latent)). 0: attention FLOPs left out (memory-bound decode)."""
     sample_s_per_token: Annotated[float, Field(ge=0)] = 0.0
-    """Sampling and draft rejection per verified (decode) token: logits gather, softmax, top-p, accept test,
-    seconds. Not paid by prefill tokens."""
+    """Cost per verified (decode) token that the roofline does not see: sampling and draft rejection (logits
+    gather, softmax, top-p, accept test) and whatever of the verification kernels does not overlap the weight
+    reads, seconds. Not paid by prefill tokens."""
+    verify_s_per_token: Annotated[float, Field(ge=0)] = 0.0
+    """Extra cost per verified token of a speculative step (k > 0) only, seconds: the verification path's own
+    kernels where they are slower than plain decode's (on ROCm vLLM runs the DSpark verify's MLA on
+    TRITON_MLA while plain decode keeps AITER MLA; multi-query linear-attention updates). 0: none."""
+    state_bytes_per_seq: Annotated[float, Field(ge=0)] = 0.0
+    """One copy of a request's constant-size state, bytes, summed over layers and tensor-parallel ranks: the
+    recurrent and short-convolution state of linear-attention layers (Kimi Delta Attention), which does not
+    grow with context. A decoding sequence reads it once per step and writes it once per verified token (vLLM
+    keeps one state slot per draft position to roll back rejected drafts), so a step moves
+    ``decode_seqs · (k + 2) · state_bytes_per_seq``; in memory each request holds ``1 + k_max`` copies
+    (``state_memory_bytes``). 0: no such layers."""
 
 
 class DrafterModel(_Strict):
@@ -68,15 +81,24 @@ class DrafterModel(_Strict):
     """Extra drafter time per sequence in the batch, seconds."""
     per_position_s: Annotated[float, Field(ge=0)]
     """Extra drafter time per draft position per sequence, seconds (small: block-parallel)."""
+    weight_bytes: Annotated[float, Field(ge=0)] = 0.0
+    """The drafter's weights, bytes (memory only: its per-pass cost is in ``fixed_s``)."""
 
 
 class Hardware(_Strict):
+    gpu: Annotated[str, Field(min_length=1)]
+    """The accelerator, as its vendor names it (e.g. ``NVIDIA B300``)."""
+    gpus: Annotated[int, Field(ge=1)]
+    """Accelerators of one worker (one vLLM engine)."""
+    hbm_capacity_bytes_per_gpu: Annotated[float, Field(gt=0)]
+    """Memory of one accelerator, bytes."""
     hbm_bytes_per_s: Annotated[float, Field(gt=0)]
     """Effective aggregate memory bandwidth across the worker's GPUs, bytes/s."""
     flops_per_s: Annotated[float, Field(gt=0)]
     """Effective aggregate compute, FLOP/s."""
     kv_capacity_tokens: Annotated[int, Field(gt=0)]
-    """KV cache capacity of the worker, tokens."""
+    """KV cache capacity of the worker, tokens: what the memory holds once the weights, the activations and the
+    constant state of ``max_num_seqs`` requests are placed (``kv_capacity_from_memory``)."""
     moe_flops_per_s: Annotated[float, Field(gt=0)] | None = None
     """Effective compute of the routed experts' grouped GEMMs, FLOP/s (None: ``flops_per_s``)."""
     overlap: Annotated[float, Field(ge=0, le=1)] = 1.0
@@ -99,20 +121,54 @@ class AcceptanceClass(_Strict):
     context_ref: Annotated[float, Field(gt=0)] = 400_000.0
 
 
+class ServingSettings(_Strict):
+    """The vLLM settings the profile assumes (its recipe); ``deploy/fleets`` files must agree with them."""
+
+    recipe: Annotated[str, Field(min_length=1)]
+    """Where the settings come from (recipe file and commit, benchmark PR)."""
+    tensor_parallel_size: Annotated[int, Field(ge=1)]
+    max_num_seqs: Annotated[int, Field(ge=1, le=4096)]
+    """vLLM ``--max-num-seqs``: the most sequences a step batches."""
+    max_model_len: Annotated[int, Field(gt=0)]
+    """vLLM ``--max-model-len``: the longest prompt + completion, tokens."""
+    gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)]
+    """vLLM ``--gpu-memory-utilization``: share of each GPU's memory vLLM may use."""
+    kv_cache_dtype: Literal["auto", "fp8"]
+    """vLLM ``--kv-cache-dtype`` (``auto``: the model's BF16)."""
+    model_runner: Literal["v1", "v2"]
+    """vLLM's model runner (``VLLM_USE_V2_MODEL_RUNNER=1`` is v2)."""
+    activation_bytes_per_gpu: Annotated[float, Field(ge=0)]
+    """Memory each GPU keeps for activations, graphs and communication buffers, bytes."""
+
+
 class Profile(_Strict):
     name: str
     description: str = ""
     target: TargetModel
     drafter: DrafterModel
     hardware: Hardware
+    serving: ServingSettings
     acceptance: dict[str, AcceptanceClass]
     default_workload: str = "chat"
     chunked_prefill_tokens: Annotated[int, Field(gt=0)] = 8192
     """Token budget per engine step (vLLM's ``max_num_batched_tokens``)."""
+    figures: str | None = None
+    """Calibration figures: a file name under ``fleet/profiles/calibration/`` or a path (None: none)."""
 
     @cached_property
     def classes(self) -> tuple[str, ...]:
         return tuple(self.acceptance)
+
+    @model_validator(mode="after")
+    def _check_settings(self) -> Self:
+        if self.hardware.gpus % self.serving.tensor_parallel_size:
+            raise ValueError(
+                f"serving.tensor_parallel_size: {self.serving.tensor_parallel_size} does not divide "
+                f"hardware.gpus {self.hardware.gpus}"
+            )
+        if self.default_workload not in self.acceptance:
+            raise ValueError(f"default_workload: {self.default_workload!r} is not an acceptance class")
+        return self
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,12 +207,14 @@ def step_time(profile: Profile, shape: StepShape) -> StepTime:
     sampling + fixed overhead, plus the drafter's block-parallel pass when k > 0.
 
     The step processes n = decode_seqs · (k + 1) + prefill_tokens tokens. ``mem`` moves the dense weights,
-    the distinct routed experts those n tokens touch (``experts_touched``) and the decoding sequences' KV
-    (``context_tokens · kv_bytes_per_token · kv_read_replicas``) at ``hbm_bytes_per_s``. ``comp`` is
+    the distinct routed experts those n tokens touch (``experts_touched``), the decoding sequences' KV
+    (``context_tokens · kv_bytes_per_token · kv_read_replicas``) and their constant state (read once, written
+    per verified token: ``decode_seqs · (k + 2) · state_bytes_per_seq``) at ``hbm_bytes_per_s``. ``comp`` is
     2 · active_params FLOPs per token (the routed share at ``moe_flops_per_s``) plus attention: each of the
     decode_seqs · (k + 1) query tokens attends to its sequence's context (``attention_flops_per_context_token``
     · context_tokens · (k + 1)). Communication is ``comm_s_per_token · n``; sampling
-    ``sample_s_per_token · decode_seqs · (k + 1)``."""
+    ``sample_s_per_token · decode_seqs · (k + 1)``, plus ``verify_s_per_token · decode_seqs · (k + 1)`` when
+    k > 0."""
     t, hw = profile.target, profile.hardware
     queries = shape.decode_seqs * (shape.k + 1)
     tokens = queries + shape.prefill_tokens
@@ -164,7 +222,8 @@ def step_time(profile: Profile, shape: StepShape) -> StepTime:
         return StepTime(0.0, 0.0)
     weight_bytes = t.dense_bytes + experts_touched(profile, tokens) * t.expert_bytes
     kv_bytes = shape.context_tokens * t.kv_bytes_per_token * t.kv_read_replicas
-    memory_s = (weight_bytes + kv_bytes) / hw.hbm_bytes_per_s
+    state_bytes = shape.decode_seqs * (shape.k + 2) * t.state_bytes_per_seq
+    memory_s = (weight_bytes + kv_bytes + state_bytes) / hw.hbm_bytes_per_s
     routed = min(t.routed_active_params, t.active_params)
     compute_s = (
         2.0 * tokens * ((t.active_params - routed) / hw.flops_per_s + routed / (hw.moe_flops_per_s or hw.flops_per_s))
@@ -172,11 +231,31 @@ def step_time(profile: Profile, shape: StepShape) -> StepTime:
     compute_s += t.attention_flops_per_context_token * shape.context_tokens * (shape.k + 1) / hw.flops_per_s
     target = max(memory_s, compute_s) + (1.0 - hw.overlap) * min(memory_s, compute_s)
     target += tokens * t.comm_s_per_token + queries * t.sample_s_per_token + t.step_overhead_s
+    if shape.k > 0:
+        target += queries * t.verify_s_per_token
     drafter = 0.0
     if shape.k > 0 and shape.decode_seqs > 0:
         d = profile.drafter
         drafter = d.fixed_s + shape.decode_seqs * (d.per_seq_s + shape.k * d.per_position_s)
     return StepTime(target, drafter)
+
+
+def state_memory_bytes(profile: Profile, seqs: int) -> float:
+    """Memory the constant state of ``seqs`` running requests holds, bytes: ``1 + k_max`` slots each (vLLM's
+    hybrid cache keeps one per draft position besides the current one)."""
+    return seqs * (1 + profile.drafter.k_max) * profile.target.state_bytes_per_seq
+
+
+def kv_capacity_from_memory(profile: Profile) -> int:
+    """KV cache tokens the worker's memory holds, tokens: the usable memory (``gpus · hbm_capacity_bytes_per_gpu
+    · gpu_memory_utilization``) less the target's and drafter's weights, the activations and the state of
+    ``max_num_seqs`` requests, over the bytes a context token takes on all ranks (``kv_bytes_per_token ·
+    kv_read_replicas``). 0 when nothing is left."""
+    t, hw, s = profile.target, profile.hardware, profile.serving
+    usable = hw.gpus * hw.hbm_capacity_bytes_per_gpu * s.gpu_memory_utilization
+    weights = t.dense_bytes + t.num_experts * t.expert_bytes + profile.drafter.weight_bytes
+    left = usable - weights - hw.gpus * s.activation_bytes_per_gpu - state_memory_bytes(profile, s.max_num_seqs)
+    return max(0, int(left / (t.kv_bytes_per_token * t.kv_read_replicas)))
 
 
 def conditional_acceptance(profile: Profile, workload: str, context_tokens: float) -> tuple[float, ...]:

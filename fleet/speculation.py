@@ -1,5 +1,6 @@
-"""The worker speculation-control contract (DESIGN §3.1): schedule tables, the wire schemas, and the
-versioned, leased state machine that both the simulated worker and the vLLM plugin run.
+"""The worker speculation-control contract (DESIGN §3.1): its route, schedule tables, the wire schemas, and the
+versioned, leased state machine that both the simulated worker and the vLLM plugin run (the HTTP client that
+every caller uses is ``fleet.speculation_client``).
 
 A *schedule* maps decode batch sizes to a speculation length k: rows ``(from_bs, to_bs, k)`` that
 together cover ``1 … max_num_seqs`` with no gap and no overlap. ``k = 0`` turns speculation off.
@@ -7,13 +8,16 @@ together cover ``1 … max_num_seqs`` with no gap and no overlap. ``k = 0`` turn
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Final
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from fleet.clock import Clock
+
+SPECULATION_PATH: Final = "/gearshift/v1/speculation"
+"""The control API's route on every worker (simulated or vLLM): ``GET`` reads, ``PUT`` updates."""
 
 ScheduleRow = tuple[int, int, int]
 """``(from_bs, to_bs, k)``: batch sizes ``from_bs … to_bs`` inclusive run with k draft tokens."""
@@ -58,6 +62,41 @@ def validate_schedule(rows: Sequence[Sequence[int]], *, k_max: int, max_num_seqs
     return tuple(out)
 
 
+FullSpeedRow = tuple[int, int, int]
+"""``(k, from_bs, to_bs)``: uniform decode batches of ``from_bs … to_bs`` sequences at this k run at full speed
+(on a GPU vLLM worker: they replay a captured CUDA graph)."""
+FullSpeed = tuple[FullSpeedRow, ...]
+
+
+def full_speed_rows(pairs: Iterable[tuple[int, int]]) -> FullSpeed:
+    """Compress ``(k, batch_size)`` pairs into rows ``(k, from_bs, to_bs)``, sorted by k then batch size."""
+    rows: list[FullSpeedRow] = []
+    for k, bs in sorted(set(pairs)):
+        if rows and rows[-1][0] == k and rows[-1][2] == bs - 1:
+            rows[-1] = (k, rows[-1][1], bs)
+        else:
+            rows.append((k, bs, bs))
+    return tuple(rows)
+
+
+def check_full_speed(schedule: Schedule, full_speed: FullSpeed) -> None:
+    """Raise ``ScheduleError`` naming the first row that puts a k outside ``full_speed`` at a batch size.
+
+    Only batch sizes where some k runs at full speed are checked: where none does (a batch wider than every
+    captured graph), every k runs the same slow path and none is refused.
+    """
+    covered = {(k, bs) for k, lo, hi in full_speed for bs in range(lo, hi + 1)}
+    constrained = {bs for _, bs in covered}
+    for i, (from_bs, to_bs, k) in enumerate(schedule):
+        bad = [bs for bs in range(from_bs, to_bs + 1) if bs in constrained and (k, bs) not in covered]
+        if bad:
+            ranges = [f"{lo}-{hi}" for k_row, lo, hi in full_speed if k_row == k] or ["none"]
+            raise ScheduleError(
+                f"schedule[{i}]: k {k} at batch size {bad[0]} is outside this worker's full-speed set "
+                f"(k {k} runs at full speed for batch sizes {', '.join(ranges)}; see full_speed in GET)"
+            )
+
+
 def uniform_schedule(k: int, *, max_num_seqs: int) -> Schedule:
     """The one-row schedule ``[[1, max_num_seqs, k]]``."""
     return ((1, max_num_seqs, k),)
@@ -100,6 +139,10 @@ class SpeculationState(BaseModel):
     lease_expires_at: float | None
     fallback_schedule: list[list[int]]
     reason: str = ""
+    full_speed: list[list[int]] | None = None
+    """``[[k, from_bs, to_bs], …]``: the (k, batch size) pairs this worker runs at full speed; a PUT outside them
+    is refused (400). Absent or null: every k runs at full speed at every batch size (the simulator; an eager
+    worker, such as the CPU build, where no shape has a faster path)."""
 
 
 @dataclass
@@ -126,6 +169,9 @@ class SpeculationControl:
     last_put: Schedule = ()
     """The schedule the applied version was PUT with: a re-PUT of that version (a lease renewal) must match it,
     even after the lease expired and the worker fell back."""
+    full_speed: FullSpeed | None = None
+    """What this worker runs at full speed (``SpeculationState.full_speed``); None: everything. PUTs are held to
+    it; the fallback is not (it is the start-up table, which the worker already runs)."""
 
     def __post_init__(self) -> None:
         self.fallback = validate_schedule(self.fallback, k_max=self.k_max, max_num_seqs=self.max_num_seqs)
@@ -141,6 +187,8 @@ class SpeculationControl:
             raise ScheduleError("schedule: give exactly one of 'schedule' or 'k'")
         rows = update.schedule if update.schedule is not None else [[1, self.max_num_seqs, int(update.k or 0)]]
         schedule = validate_schedule(rows, k_max=self.k_max, max_num_seqs=self.max_num_seqs)
+        if self.full_speed is not None:
+            check_full_speed(schedule, self.full_speed)
         now = self.clock.wall()
         if update.version == self.version and self.last_put and schedule != self.last_put:
             raise StaleVersionError(f"version: {update.version} was already applied with a different schedule")
@@ -177,4 +225,5 @@ class SpeculationControl:
             lease_expires_at=self.lease_expires_at,
             fallback_schedule=[list(r) for r in self.fallback],
             reason=self.reason,
+            full_speed=None if self.full_speed is None else [list(r) for r in self.full_speed],
         )

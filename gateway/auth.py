@@ -12,6 +12,7 @@ import hmac
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from fleet import bearer
 from fleet.clock import Clock
 from fleet.config import TenantConfig, TenantsConfig, TierConfig, key_digest
 from fleet.store.protocol import Store
@@ -28,14 +29,15 @@ class Principal:
     key_id: str
 
 
-def bearer_secret(authorization: str | None) -> str:
-    """The secret of an ``Authorization: Bearer …`` header; raises ``AuthenticationFailed`` when absent."""
+def presented_secret(authorization: str | None) -> str:
+    """The secret of an ``Authorization: Bearer …`` header; ``AuthenticationFailed`` when it is absent
+    (``missing_api_key``) or malformed."""
     if not authorization:
         raise AuthenticationFailed("Missing API key: send 'Authorization: Bearer <key>'.", code="missing_api_key")
-    scheme, _, secret = authorization.partition(" ")
-    if scheme.lower() != "bearer" or not secret.strip():
+    secret = bearer.bearer_secret(authorization)
+    if secret is None:
         raise AuthenticationFailed("Malformed Authorization header: expected 'Bearer <key>'.")
-    return secret.strip()
+    return secret
 
 
 class KeyRing:
@@ -78,7 +80,7 @@ class KeyRing:
 
     async def authenticate(self, authorization: str | None) -> Principal:
         """The principal of a Bearer header; raises ``AuthenticationFailed`` for a missing, unknown or revoked key."""
-        digest = self.digest(bearer_secret(authorization))
+        digest = self.digest(presented_secret(authorization))
         found = self._static.get(digest)
         if found is None:
             found = await self._runtime(digest)

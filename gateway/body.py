@@ -2,8 +2,8 @@
 
 The body is parsed once with orjson; only ``model``, ``stream``, ``stream_options``, ``max_tokens`` /
 ``max_completion_tokens``, ``n`` / ``best_of``, the prompt texts (for the token estimate) and ``priority`` are
-read or changed. Every other field passes to the worker
-untouched. No pydantic model of the whole body is built on the hot path.
+read or changed. Every other field passes to the worker untouched. No pydantic model of the whole body is built
+on the hot path. The request's token estimates are made once, when it is parsed (``BodyRules``).
 """
 
 from __future__ import annotations
@@ -15,6 +15,24 @@ from typing import Any
 import orjson
 
 from gateway.errors import InvalidRequest
+
+
+@dataclass(frozen=True, slots=True)
+class BodyRules:
+    """The limits on a completion body and how its tokens are estimated (from the gateway settings)."""
+
+    max_messages: int = 1024
+    """Most messages (or completion prompts)."""
+    max_n: int = 128
+    """Most choices (``n``, ``best_of``)."""
+    default_max_tokens: int = 4096
+    """Completion tokens reserved per choice when the request sets no ``max_tokens``."""
+    chars_per_token: float = 4.0
+    tokens_per_message: int = 4
+    """Chat-template tokens per message (and as many again to prime the reply)."""
+
+
+DEFAULT_RULES = BodyRules()
 
 
 @dataclass(slots=True)
@@ -32,27 +50,14 @@ class CompletionRequest:
     chat: bool
     choices: int = 1
     """Sequences generated per prompt: the larger of ``n`` and ``best_of``."""
+    prompt_tokens: int = 0
+    """Estimated prompt tokens (the work the worker must prefill)."""
+    reserved_tokens: int = 0
+    """Tokens to reserve up front: ``prompt_tokens`` plus the completion allowance."""
 
     @property
     def prompt_chars(self) -> int:
         return sum(self.prompt_parts)
-
-    def estimated_tokens(self, *, default_max_tokens: int, chars_per_token: float, tokens_per_message: int) -> int:
-        """Tokens to reserve up front: the prompt estimate plus the completion allowance. The prompt estimate is
-        ``ceil(chars / chars_per_token)`` per text, plus, for a chat, ``tokens_per_message`` per message and as
-        many again to prime the reply (chat templates add about that much). The completion allowance is
-        ``max_tokens`` for every choice (``n``) of every prompt."""
-        completion = (self.max_tokens if self.max_tokens is not None else default_max_tokens) * self.choices
-        completion *= 1 if self.chat else len(self.prompt_parts)  # a list of prompts completes each one
-        prompt = self.estimated_prompt_tokens(chars_per_token=chars_per_token, tokens_per_message=tokens_per_message)
-        return prompt + completion
-
-    def estimated_prompt_tokens(self, *, chars_per_token: float, tokens_per_message: int) -> int:
-        """The prompt part of ``estimated_tokens`` (tokens the worker must prefill)."""
-        prompt = sum(max(1, math.ceil(n / chars_per_token)) for n in self.prompt_parts)
-        if self.chat:
-            prompt += tokens_per_message * (len(self.prompt_parts) + 1)
-        return prompt
 
     def upstream_body(self, *, priority: int | None) -> bytes:
         """The body sent to the worker: usage forced on for streams, the tier's priority set."""
@@ -106,8 +111,23 @@ def _prompt_parts(body: dict[str, Any], prompt_field: str, *, max_messages: int)
     return tuple(parts)
 
 
-def parse_completion(raw: bytes, *, prompt_field: str, max_messages: int = 1024, max_n: int = 128) -> CompletionRequest:
-    """Parse a chat (``prompt_field="messages"``) or text (``"prompt"``) completion body."""
+def _estimate(
+    parts: tuple[int, ...], *, chat: bool, max_tokens: int | None, choices: int, rules: BodyRules
+) -> tuple[int, int]:
+    """The estimated prompt tokens and the tokens to reserve (prompt plus completion allowance). The prompt
+    estimate is ``ceil(chars / chars_per_token)`` per text, plus, for a chat, ``tokens_per_message`` per message
+    and as many again to prime the reply (chat templates add about that much). The completion allowance is
+    ``max_tokens`` for every choice (``n``) of every prompt."""
+    prompt = sum(max(1, math.ceil(n / rules.chars_per_token)) for n in parts)
+    if chat:
+        prompt += rules.tokens_per_message * (len(parts) + 1)
+    completion = (max_tokens if max_tokens is not None else rules.default_max_tokens) * choices
+    completion *= 1 if chat else len(parts)  # a list of prompts completes each one
+    return prompt, prompt + completion
+
+
+def parse_completion(raw: bytes, *, prompt_field: str, rules: BodyRules = DEFAULT_RULES) -> CompletionRequest:
+    """Parse a chat (``prompt_field="messages"``) or text (``"prompt"``) completion body and estimate its tokens."""
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
@@ -125,15 +145,20 @@ def parse_completion(raw: bytes, *, prompt_field: str, max_messages: int = 1024,
         raise InvalidRequest("'stream_options' must be an object.", param="stream_options")
     max_tokens = _int_field(body, "max_completion_tokens") or _int_field(body, "max_tokens")
     choices = max(_int_field(body, "n") or 1, _int_field(body, "best_of") or 1)
-    if choices > max_n:
-        raise InvalidRequest(f"'n' (or 'best_of') is {choices}; the limit is {max_n}.", param="n")
+    if choices > rules.max_n:
+        raise InvalidRequest(f"'n' (or 'best_of') is {choices}; the limit is {rules.max_n}.", param="n")
+    parts = _prompt_parts(body, prompt_field, max_messages=rules.max_messages)
+    chat = prompt_field == "messages"
+    prompt_tokens, reserved = _estimate(parts, chat=chat, max_tokens=max_tokens, choices=choices, rules=rules)
     return CompletionRequest(
         body=body,
         model=model,
         stream=stream,
         client_wants_usage=bool(options and options.get("include_usage")),
         max_tokens=max_tokens,
-        prompt_parts=_prompt_parts(body, prompt_field, max_messages=max_messages),
-        chat=prompt_field == "messages",
+        prompt_parts=parts,
+        chat=chat,
         choices=choices,
+        prompt_tokens=prompt_tokens,
+        reserved_tokens=reserved,
     )

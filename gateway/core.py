@@ -17,6 +17,7 @@ from fleet.config import FleetConfig, TenantsConfig
 from fleet.store.protocol import Store
 from gateway.admission import Admitter
 from gateway.auth import KeyRing
+from gateway.body import BodyRules
 from gateway.metering import LedgerWriter
 from gateway.metrics import GatewayMetrics
 from gateway.pool import WorkerPool
@@ -28,6 +29,8 @@ from gateway.upstream import Upstream, new_session
 
 @dataclass
 class Gateway:
+    """Everything the request pipeline works with."""
+
     settings: GatewaySettings
     fleet: FleetConfig
     tenants: TenantsConfig
@@ -40,7 +43,9 @@ class Gateway:
     router: Router
     upstream: Upstream
     ledger: LedgerWriter
-    tracer: trace.Tracer
+    tracer: trace.Tracer | None
+    """None when tracing is off (``gateway.tracing``)."""
+    body_rules: BodyRules
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
 
@@ -94,6 +99,13 @@ async def running_gateway(
         upstream=Upstream(session, pool=pool, settings=settings, metrics=metrics),
         ledger=ledger,
         tracer=tracing.tracer,
+        body_rules=BodyRules(
+            max_messages=settings.max_messages,
+            max_n=settings.max_n,
+            default_max_tokens=settings.default_max_tokens,
+            chars_per_token=settings.chars_per_token,
+            tokens_per_message=settings.tokens_per_message,
+        ),
     )
     ledger.start()
     gw.tasks = [

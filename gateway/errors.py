@@ -1,11 +1,16 @@
-"""The gateway's one error tree. Each class carries its HTTP status and OpenAI error type; ``error_body``
-renders the OpenAI-shaped body and the app registers a single handler for the whole tree."""
+"""The gateway's one error tree, mapped to HTTP in one place. Each class carries its HTTP status and OpenAI error
+type; ``respond`` renders any of them as the OpenAI-shaped response (``stream_event`` inside a stream that has
+already started) and counts it in ``gearshift_gateway_errors_total{type}`` by that type."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import orjson
+from starlette.responses import Response
+
+from gateway.metrics import GatewayMetrics
 
 
 class GatewayError(Exception):
@@ -15,15 +20,23 @@ class GatewayError(Exception):
     type: str = "api_error"
     code: str | None = None
 
-    def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
         if code is not None:
             self.code = code
+        self._headers = dict(headers) if headers else {}
 
     def headers(self) -> dict[str, str]:
-        return {}
+        return self._headers
 
 
 # --------------------------------------------------------------------------------------------------- 4xx
@@ -35,6 +48,13 @@ class InvalidRequest(GatewayError):
 class BodyTooLarge(InvalidRequest):
     status = 413
     code = "body_too_large"
+
+
+class HeadersTooLarge(InvalidRequest):
+    """The request head is too large or has too many headers (answered by ``gateway.http.protocol``)."""
+
+    status = 431
+    code = "headers_too_large"
 
 
 class AuthenticationFailed(GatewayError):
@@ -121,15 +141,38 @@ class NoWorkerAvailable(GatewayError):
     code = "no_worker_available"
 
 
-def error_body(message: str, *, type: str, param: str | None = None, code: str | None = None) -> bytes:
-    """The OpenAI error object: ``{"error": {"message", "type", "param", "code"}}``."""
-    return orjson.dumps({"error": {"message": message, "type": type, "param": param, "code": code}})
+def from_http_status(status: int, detail: str, headers: Mapping[str, str] | None = None) -> GatewayError:
+    """Starlette's own refusals as members of the tree, keeping their status and headers (``Allow``): no such
+    route (404) is ``NotFound``, a wrong method (405) ``MethodNotAllowed``, anything else ``InvalidRequest``
+    (4xx) or the base class (5xx)."""
+    kind: type[GatewayError] = (
+        NotFound
+        if status == 404
+        else MethodNotAllowed
+        if status == 405
+        else InvalidRequest
+        if status < 500
+        else GatewayError
+    )
+    error = kind(detail, headers=headers)
+    error.status = status
+    return error
 
 
 def render(exc: GatewayError) -> bytes:
-    return error_body(exc.message, type=exc.type, param=exc.param, code=exc.code)
+    """The OpenAI error object: ``{"error": {"message", "type", "param", "code"}}``."""
+    return orjson.dumps({"error": {"message": exc.message, "type": exc.type, "param": exc.param, "code": exc.code}})
 
 
-def sse_error_event(exc: GatewayError) -> bytes:
-    """An in-stream error for a failure after the first byte, followed by ``[DONE]``."""
+def respond(exc: GatewayError, metrics: GatewayMetrics | None) -> Response:
+    """The response for ``exc`` (its status, headers and OpenAI body), counted by its OpenAI error type.
+    ``metrics`` is None only for a request that arrives before the app's lifespan has run."""
+    if metrics is not None:
+        metrics.child(metrics.errors, exc.type).inc()
+    return Response(render(exc), status_code=exc.status, headers=exc.headers(), media_type="application/json")
+
+
+def stream_event(exc: GatewayError, metrics: GatewayMetrics) -> bytes:
+    """A failure after the stream started: the error as an event, then ``[DONE]``; counted like ``respond``."""
+    metrics.child(metrics.errors, exc.type).inc()
     return b"data: " + render(exc) + b"\n\ndata: [DONE]\n\n"

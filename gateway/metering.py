@@ -1,5 +1,9 @@
-"""Metering: a request's cost, its usage record, and the background writer that puts records in the
-ledger without making the client wait — and without losing them.
+"""Metering: a request's cost and usage record, and the background writer that puts records in the ledger
+without making the client wait — and without losing them.
+
+**Tokens and latency.** Prompt and completion tokens come from the worker's usage block; a stream cut short
+before it counts its completion tokens as the token events relayed. TTFT is from the request's arrival at the
+gateway to its first token event, TPOT the mean gap between the first and the last token event (seconds).
 
 **Cost method.** When the controller publishes the worker's cost per output token (``usd_per_mtok``, which
 already includes the drafter and the rejected drafts), a request costs ``completion_tokens × usd_per_mtok / 1e6``.
@@ -22,6 +26,7 @@ from fleet.clock import Clock
 from fleet.store.protocol import Store, UsageRecord
 from gateway.metrics import GatewayMetrics
 from gateway.pool import WorkerView
+from gateway.sse import StreamMeter, Usage
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +37,45 @@ def request_cost(worker: WorkerView, *, completion_tokens: int, busy_s: float, c
     if state is not None and state.usd_per_mtok is not None:
         return completion_tokens * state.usd_per_mtok / 1e6
     return worker.config.usd_per_second * max(busy_s, 0.0) / max(concurrent, 1)
+
+
+def usage_record(
+    *,
+    request_id: str,
+    tenant: str,
+    model: str,
+    worker: WorkerView,
+    status: str,
+    usage: Usage | None,
+    stream: StreamMeter | None,
+    busy_s: float,
+    arrived_at: float,
+    wall: float,
+) -> UsageRecord:
+    """The record of one finished request (``status``: ok, error or cancelled) that kept ``worker`` busy for
+    ``busy_s`` seconds; ``arrived_at`` is the clock's monotonic time of its arrival, ``wall`` Unix seconds now.
+    Call it while the request still counts in ``worker.in_flight`` (the cost shares the worker among them)."""
+    prompt = usage.prompt_tokens if usage else 0
+    completion = usage.completion_tokens if usage else (stream.token_events if stream else 0)
+    ttft = tpot = None
+    if stream is not None and stream.first_token_at is not None:
+        ttft = stream.first_token_at - arrived_at
+        if completion > 1 and stream.last_token_at is not None:
+            tpot = (stream.last_token_at - stream.first_token_at) / (completion - 1)
+    cost = request_cost(worker, completion_tokens=completion, busy_s=busy_s, concurrent=worker.in_flight)
+    return UsageRecord(
+        request_id=request_id,
+        tenant=tenant,
+        model=model,
+        worker_id=worker.id,
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        cost_usd=cost,
+        status=status,
+        ttft_s=ttft,
+        tpot_s=tpot,
+        at=wall,
+    )
 
 
 Job = Callable[[], Awaitable[None]]

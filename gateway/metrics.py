@@ -1,7 +1,8 @@
 """The gateway's Prometheus metrics, on a registry built per app (no import-time singletons).
 
 Label sets are bounded: ``tenant`` and ``model`` come from the config files, ``worker`` from the fleet file,
-``tier`` from the tiers, ``reason``/``type``/``status`` from fixed sets in code — never from request data.
+``tier`` from the tiers, ``reason``/``type``/``status`` from fixed sets in code — never from request data
+(``type`` is the OpenAI error type of a class in ``gateway.errors``).
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ import asyncio
 from typing import Any, Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from fleet.store.protocol import UsageRecord
 
 REQUESTS: Final = "gearshift_gateway_requests"
 TOKENS: Final = "gearshift_gateway_tokens"
@@ -52,7 +55,10 @@ class GatewayMetrics:
         )
         self.tokens = Counter(TOKENS, "Tokens metered", ["tenant", "model", "kind"], registry=r)
         self.errors = Counter(
-            ERRORS, "Errors returned to clients, by OpenAI error type", ["type", "status"], registry=r
+            ERRORS,
+            "Errors returned to clients (as a response or an in-stream event), by OpenAI error type",
+            ["type"],
+            registry=r,
         )
         self.ttft = Histogram(
             TTFT, "Time to first token measured at the gateway", ["tier"], buckets=_LATENCY_BUCKETS, registry=r
@@ -93,28 +99,16 @@ class GatewayMetrics:
             found = self._children[key] = metric.labels(*values)
         return found
 
-    def finished(
-        self,
-        *,
-        tenant: str,
-        model: str,
-        worker: str,
-        status: str,
-        tier: str,
-        prompt_tokens: int,
-        completion_tokens: int,
-        cost_usd: float,
-        duration_s: float,
-        ttft_s: float | None,
-        tpot_s: float | None,
-    ) -> None:
-        """Record one finished request (seconds, tokens, USD)."""
-        self.child(self.requests, tenant, model, worker, status).inc()
-        self.child(self.tokens, tenant, model, "prompt").inc(prompt_tokens)
-        self.child(self.tokens, tenant, model, "completion").inc(completion_tokens)
-        self.child(self.cost, tenant, model).inc(cost_usd)
+    def finished(self, record: UsageRecord, *, tier: str, duration_s: float) -> None:
+        """Record one finished request: its usage record (tokens, USD, TTFT/TPOT seconds) and its duration at
+        the gateway (seconds)."""
+        tenant, model = record.tenant, record.model
+        self.child(self.requests, tenant, model, record.worker_id or "", record.status).inc()
+        self.child(self.tokens, tenant, model, "prompt").inc(record.prompt_tokens)
+        self.child(self.tokens, tenant, model, "completion").inc(record.completion_tokens)
+        self.child(self.cost, tenant, model).inc(record.cost_usd)
         self.child(self.e2e, tier).observe(duration_s)
-        if ttft_s is not None:
-            self.child(self.ttft, tier).observe(ttft_s)
-        if tpot_s is not None:
-            self.child(self.tpot, tier).observe(tpot_s)
+        if record.ttft_s is not None:
+            self.child(self.ttft, tier).observe(record.ttft_s)
+        if record.tpot_s is not None:
+            self.child(self.tpot, tier).observe(record.tpot_s)

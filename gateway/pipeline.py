@@ -1,45 +1,34 @@
-"""The request pipeline (DESIGN §6): parse → authorise the model → admit → route → forward → stream or
-read → meter → telemetry. ``complete`` is the whole pipeline in one function; each step is a method of
-``Call``, the state of one request.
+"""The request pipeline (DESIGN §6): parse → authorise the model → admit → route → forward → relay → meter.
+``complete`` is the whole pipeline in one function; each step is a method of ``Call``, the state of one
+request, which calls the stage module that does the work (``admission``, ``routing``, ``upstream``,
+``relay``, ``metering``) and keeps the request's span.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+import contextlib
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
-import aiohttp
-import orjson
 from opentelemetry import trace
-from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.context import Context
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from starlette.responses import Response
-from starlette.types import Receive
+from starlette.types import Receive, Send
 
-from fleet.store.protocol import UsageRecord
+from gateway import errors, relay
 from gateway import tracing as attr
 from gateway.admission import Ticket
 from gateway.auth import Principal
 from gateway.body import CompletionRequest, parse_completion
 from gateway.core import Gateway
-from gateway.disconnect import DisconnectGuard
-from gateway.errors import (
-    GatewayError,
-    InvalidRequest,
-    ModelNotAllowed,
-    ModelNotFound,
-    NoWorkerAvailable,
-    RateLimited,
-    UpstreamFailed,
-    UpstreamTimeout,
-    sse_error_event,
-)
-from gateway.metering import request_cost
+from gateway.metering import Job, usage_record
 from gateway.pool import WorkerView
 from gateway.routing import RouteContext
-from gateway.sse import DONE, StreamMeter, Usage, usage_of
-from gateway.streaming import RelayResponse
-from gateway.upstream import Opened
+from gateway.sse import DONE, StreamMeter, Usage
+from gateway.upstream import Hold
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +43,9 @@ class Endpoint:
 CHAT = Endpoint("/v1/chat/completions", "messages", "chat")
 TEXT = Endpoint("/v1/completions", "prompt", "text_completion")
 
+_DONE_EVENT = DONE + b"\n\n"
+_NO_SPAN: AbstractContextManager[Span] = contextlib.nullcontext(trace.INVALID_SPAN)
+
 
 async def complete(
     gw: Gateway,
@@ -63,27 +55,33 @@ async def complete(
     endpoint: Endpoint,
     request_id: str,
     started: float,
-    receive: Receive | None = None,
-) -> Response:
-    """Serve one completion request; ``started`` is the clock's monotonic time when it arrived and ``receive``
-    the ASGI channel that tells when the client disconnects (the body has been read already)."""
-    settings = gw.settings
-    req = parse_completion(
-        raw, prompt_field=endpoint.prompt_field, max_messages=settings.max_messages, max_n=settings.max_n
-    )
+    receive: Receive | None,
+    send: Send,
+    headers: Sequence[tuple[bytes, bytes]] = (),
+) -> Response | None:
+    """Serve one completion request whose body ``raw`` has been read. Returns the whole answer for the caller to
+    send, or None when the answer was streamed on ``send`` (its head carrying ``headers``); raises a
+    ``GatewayError`` for an error to answer instead, never once a stream has started. ``started`` is the clock's
+    monotonic time when the request arrived, ``receive`` the ASGI channel that tells when the client leaves."""
+    req = parse_completion(raw, prompt_field=endpoint.prompt_field, rules=gw.body_rules)
     authorise(gw, principal, req)  # 404 / 403 / 400
     call = Call(gw, principal, req, endpoint, request_id, started)
-    with DisconnectGuard(receive):
+    tail = None
+    with relay.DisconnectGuard(receive) as guard:  # a client that leaves cancels the call
         try:
             call.ticket = await call.admit()  # 429 with the limit that tripped
             ranked = await call.route()  # 503 when no worker qualifies
-            call.opened = await call.forward(ranked)  # retried before the first byte; 502 / 503 / 504
+            hold = await call.forward(ranked)  # retried before the first byte; 502 / 503 / 504
         except BaseException as exc:
             await call.abandon(exc)
             raise
-        if req.stream and call.opened.response.status == 200:
-            return RelayResponse(call.relay(), on_unfinished=call.abandon_stream)
-        return await call.read_whole()
+        async with hold:  # the one cleanup of the worker's side of the call
+            if not (req.stream and hold.response.status == 200):
+                return await call.whole(hold)
+            tail = await call.stream(hold, send, guard, headers)
+    if tail is not None:  # None: the client left mid-stream
+        await send({"type": "http.response.body", "body": tail, "more_body": False})
+    return None
 
 
 def authorise(gw: Gateway, principal: Principal, req: CompletionRequest) -> None:
@@ -91,20 +89,19 @@ def authorise(gw: Gateway, principal: Principal, req: CompletionRequest) -> None
     model's context window (it would also reserve an absurd number of tokens)."""
     model = gw.fleet.model(req.model)
     if model is None:
-        raise ModelNotFound(f"The model '{req.model}' does not exist.", param="model")
+        raise errors.ModelNotFound(f"The model '{req.model}' does not exist.", param="model")
     if not principal.tenant.allows(req.model):
         message = f"Tenant '{principal.tenant.id}' may not use the model '{req.model}'."
-        raise ModelNotAllowed(message, param="model")
+        raise errors.ModelNotAllowed(message, param="model")
     if req.max_tokens is not None and req.max_tokens > model.context_window:
         message = f"'max_tokens' is {req.max_tokens}; the model's context window is {model.context_window} tokens."
-        raise InvalidRequest(message, param="max_tokens")
+        raise errors.InvalidRequest(message, param="max_tokens")
 
 
 class Call:
     """One request on its way through the pipeline."""
 
     ticket: Ticket | None = None
-    opened: Opened
 
     def __init__(
         self,
@@ -118,45 +115,46 @@ class Call:
         self.gw, self.principal, self.req, self.endpoint = gw, principal, req, endpoint
         self.request_id, self.started = request_id, started
         self.forwarded_at = started
-        self.finished = False
-        self.span = gw.tracer.start_span(
-            f"{endpoint.operation} {req.model}",
-            kind=SpanKind.SERVER,
-            attributes={
-                attr.OPERATION: endpoint.operation,
-                attr.REQUEST_MODEL: req.model,
-                attr.TENANT: principal.tenant.id,
-                attr.TIER: principal.tier_name,
-                attr.REQUEST_ID: request_id,
-                **({attr.REQUEST_MAX_TOKENS: req.max_tokens} if req.max_tokens else {}),
-            },
-        )
-        self.ctx = trace.set_span_in_context(self.span)
+        self.span: Span = trace.INVALID_SPAN
+        self.ctx: Context | None = None
+        if gw.tracer is not None:
+            self.span = gw.tracer.start_span(
+                f"{endpoint.operation} {req.model}",
+                kind=SpanKind.SERVER,
+                attributes={
+                    attr.OPERATION: endpoint.operation,
+                    attr.REQUEST_MODEL: req.model,
+                    attr.TENANT: principal.tenant.id,
+                    attr.TIER: principal.tier_name,
+                    attr.REQUEST_ID: request_id,
+                    **({attr.REQUEST_MAX_TOKENS: req.max_tokens} if req.max_tokens else {}),
+                },
+            )
+            self.ctx = trace.set_span_in_context(self.span)
+
+    def _child_span(self, name: str, kind: SpanKind = SpanKind.INTERNAL) -> AbstractContextManager[Span]:
+        tracer = self.gw.tracer
+        return _NO_SPAN if tracer is None else tracer.start_as_current_span(name, context=self.ctx, kind=kind)
 
     # ------------------------------------------------------------------------------------------ steps
     async def admit(self) -> Ticket:
-        gw, tenant = self.gw, self.principal.tenant
-        tokens = self.req.estimated_tokens(
-            default_max_tokens=gw.settings.default_max_tokens,
-            chars_per_token=gw.settings.chars_per_token,
-            tokens_per_message=gw.settings.tokens_per_message,
-        )
-        with gw.tracer.start_as_current_span("gearshift.admission", context=self.ctx) as span:
+        gw, tenant, tokens = self.gw, self.principal.tenant, self.req.reserved_tokens
+        with self._child_span("gearshift.admission") as span:
             span.set_attribute("gearshift.reserved_tokens", tokens)
             try:
                 return await gw.admitter.admit(tenant, request_id=self.request_id, tokens=tokens)
-            except RateLimited as exc:
+            except errors.RateLimited as exc:
                 gw.metrics.admission_rejections.labels(tenant=tenant.id, reason=exc.limit).inc()
                 span.set_attribute("gearshift.limit", exc.limit)
                 raise
 
     async def route(self) -> list[WorkerView]:
         gw = self.gw
-        with gw.tracer.start_as_current_span("gearshift.routing", context=self.ctx) as span:
+        with self._child_span("gearshift.routing") as span:
             ctx = RouteContext(model=self.req.model, tier=self.principal.tier, now=gw.clock.wall())
             decision = await gw.router.route(ctx, list(gw.pool.views.values()))
             if not decision.ranked:
-                raise NoWorkerAvailable(
+                raise errors.NoWorkerAvailable(
                     f"No healthy worker serves '{self.req.model}' (excluded: {decision.filtered_out}).",
                     param="model",
                 )
@@ -164,181 +162,110 @@ class Call:
             span.set_attribute("gearshift.route.scores", [round(decision.scores[w.id], 4) for w in decision.ranked])
             return decision.ranked
 
-    async def forward(self, ranked: list[WorkerView]) -> Opened:
-        gw = self.gw
-        priority = self.principal.tier.priority if gw.settings.send_priority else None
-        body = self.req.upstream_body(priority=priority)
-        with gw.tracer.start_as_current_span(
-            f"{self.endpoint.operation} {self.req.model}", context=self.ctx, kind=SpanKind.CLIENT
-        ) as span:
+    async def forward(self, ranked: list[WorkerView]) -> Hold:
+        gw, req = self.gw, self.req
+        body = req.upstream_body(priority=self.principal.tier.priority if gw.settings.send_priority else None)
+        with self._child_span(f"{self.endpoint.operation} {req.model}", SpanKind.CLIENT) as span:
             self.forwarded_at = gw.clock.monotonic()
-            prompt_tokens = self.req.estimated_prompt_tokens(
-                chars_per_token=gw.settings.chars_per_token, tokens_per_message=gw.settings.tokens_per_message
+            hold = await gw.upstream.open(
+                ranked, self.endpoint.path, body, stream=req.stream, prompt_tokens=req.prompt_tokens
             )
-            opened = await gw.upstream.open(
-                ranked, self.endpoint.path, body, stream=self.req.stream, prompt_tokens=prompt_tokens
-            )
-            span.set_attribute(attr.WORKER, opened.worker.id)
-            span.set_attribute(attr.SERVER_ADDRESS, opened.worker.config.url)
-            span.set_attribute("gearshift.attempts", opened.attempts)
-            span.set_attribute("http.response.status_code", opened.response.status)
-        self.span.set_attribute(attr.WORKER, opened.worker.id)
-        return opened
+            span.set_attribute(attr.WORKER, hold.worker.id)
+            span.set_attribute(attr.SERVER_ADDRESS, hold.worker.config.url)
+            span.set_attribute("gearshift.attempts", hold.attempts)
+            span.set_attribute("http.response.status_code", hold.response.status)
+        self.span.set_attribute(attr.WORKER, hold.worker.id)
+        return hold
 
-    async def read_whole(self) -> Response:
-        """Non-streaming (or a worker's error answer): read the rest of the body and pass it on."""
-        gw, opened = self.gw, self.opened
+    async def whole(self, hold: Hold) -> Response:
+        """A non-streamed answer (or a worker's error answer to a stream): read it, meter it, pass it on."""
         try:
-            async with asyncio.timeout(gw.settings.request_timeout_s):
-                body = opened.first_chunk + await opened.response.read()
-        except asyncio.CancelledError:
-            self.meter_in_background("cancelled", None)
+            body, usage = await relay.read_whole(hold, timeout_s=self.gw.settings.request_timeout_s)
+        except errors.GatewayError as error:
+            hold.failure = error
+            await self._settle(self._meter(hold, "error", usage=None, error=error))
             raise
-        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-            error = UpstreamFailed(f"Worker {opened.worker.id} failed while answering: {exc!r}")
-            await self.meter("error", None, error=error)
-            raise error from None
-        status = opened.response.status
-        usage = None
-        if status == 200:
-            try:
-                usage = usage_of(orjson.loads(body))
-            except orjson.JSONDecodeError:
-                error = UpstreamFailed(f"Worker {opened.worker.id} answered with a body that is not JSON.")
-                await self.meter("error", None, error=error)
-                raise error from None
-        await self.meter("ok" if status < 400 else "error", usage)
+        except BaseException as exc:  # the client went away: account without waiting
+            self.gw.ledger.submit(self._meter(hold, _status_of(exc), usage=None))
+            raise
+        status = hold.response.status
+        hold.ok = status < 400
+        await self._settle(self._meter(hold, "ok" if status < 400 else "error", usage=usage))
         return Response(body, status_code=status, media_type="application/json")
 
-    async def relay(self) -> AsyncIterator[bytes]:
-        """Pass the worker's events through as they complete; end with ``[DONE]`` or an error event."""
-        gw, opened = self.gw, self.opened
-        clock, idle = gw.clock, gw.settings.idle_timeout_s
+    async def stream(
+        self, hold: Hold, send: Send, guard: relay.DisconnectGuard, headers: Sequence[tuple[bytes, bytes]]
+    ) -> bytes:
+        """Relay the worker's events, meter the stream (the settlement is awaited, so the client's next request
+        sees it), and return the last event: ``[DONE]``, or the error event and ``[DONE]``."""
+        gw = self.gw
         meter = StreamMeter(strip_usage=not self.req.client_wants_usage)
-        content = opened.response.content
-        chunk: bytes = opened.first_chunk
-        error: GatewayError | None = None
         try:
-            while True:
-                out = meter.feed(chunk, clock.monotonic())
-                if out:
-                    yield out
-                if meter.done:
-                    break
-                try:
-                    async with asyncio.timeout(idle):
-                        chunk = await content.readany()
-                except TimeoutError:
-                    error = UpstreamTimeout(f"Worker {opened.worker.id} sent nothing for {idle} s.")
-                    break
-                except (aiohttp.ClientError, OSError) as exc:
-                    error = UpstreamFailed(f"Worker {opened.worker.id} failed mid-stream: {exc!r}")
-                    break
-                if not chunk:
-                    error = UpstreamFailed(f"Worker {opened.worker.id} ended the stream without [DONE].")
-                    break
-            if error is not None:
-                gw.metrics.errors.labels(type=error.type, status="mid-stream").inc()
-            await self.meter("ok" if error is None else "error", meter.usage, stream=meter, error=error)
-            yield (DONE + b"\n\n") if error is None else sse_error_event(error)
-        finally:
-            if not self.finished:  # the client went away: account without waiting, and stop the worker
-                self.meter_in_background("cancelled", meter.usage, stream=meter)
+            error = await relay.stream(
+                hold, meter, send, guard, headers=headers, clock=gw.clock, idle_timeout_s=gw.settings.idle_timeout_s
+            )
+        except BaseException as exc:  # the client went away: account without waiting
+            gw.ledger.submit(self._meter(hold, _status_of(exc), usage=meter.usage, stream=meter))
+            raise
+        hold.ok, hold.failure = error is None, error
+        await self._settle(self._meter(hold, "ok" if error is None else "error", meter.usage, meter, error))
+        return _DONE_EVENT if error is None else errors.stream_event(error, gw.metrics)
 
     # ---------------------------------------------------------------------------------------- metering
-    async def meter(
-        self, status: str, usage: Usage | None, *, stream: StreamMeter | None = None, error: GatewayError | None = None
-    ) -> None:
-        """Meter the finished request; the settlement is awaited so a caller's next request sees it."""
-        settle = self._account(status, usage, stream=stream, error=error)
-        if error is not None:
-            await self.gw.pool.failed(self.opened.worker, reason=error.message)
-        try:
-            await settle()
-        except Exception:  # store briefly away: the ledger writer retries it
-            self.gw.ledger.submit(settle)
-
-    def abandon_stream(self) -> None:
-        """The stream response ended; if its body never finished metering (it may never have started), do it."""
-        if not self.finished:
-            self.meter_in_background("cancelled", None)
-
-    def meter_in_background(self, status: str, usage: Usage | None, *, stream: StreamMeter | None = None) -> None:
-        self.gw.ledger.submit(self._account(status, usage, stream=stream, error=None))
-
-    def _account(
-        self, status: str, usage: Usage | None, *, stream: StreamMeter | None, error: GatewayError | None
-    ) -> Callable[[], Awaitable[None]]:
-        """Record usage, cost, metrics and the span; release the worker; return the settle job."""
-        self.finished = True
-        gw, opened, req = self.gw, self.opened, self.req
+    def _meter(
+        self,
+        hold: Hold,
+        status: str,
+        usage: Usage | None,
+        stream: StreamMeter | None = None,
+        error: errors.GatewayError | None = None,
+    ) -> Job:
+        """Meter the finished call (ledger record, metrics, span) while it still holds its worker; return the
+        settlement of its admission ticket."""
+        gw, ticket = self.gw, self.ticket
+        assert ticket is not None
         now = gw.clock.monotonic()
-        prompt = usage.prompt_tokens if usage else 0
-        completion = usage.completion_tokens if usage else (stream.token_events if stream else 0)
-        ttft = tpot = None
-        if stream is not None and stream.first_token_at is not None:
-            ttft = stream.first_token_at - self.started
-            if completion > 1 and stream.last_token_at is not None:
-                tpot = (stream.last_token_at - stream.first_token_at) / (completion - 1)
-        cost = request_cost(
-            opened.worker,
-            completion_tokens=completion,
-            busy_s=now - self.forwarded_at,
-            concurrent=opened.worker.in_flight,
-        )
-        gw.upstream.done(opened)
-        record = UsageRecord(
+        record = usage_record(
             request_id=self.request_id,
             tenant=self.principal.tenant.id,
-            model=req.model,
-            worker_id=opened.worker.id,
-            prompt_tokens=prompt,
-            completion_tokens=completion,
-            cost_usd=cost,
+            model=self.req.model,
+            worker=hold.worker,
             status=status,
-            ttft_s=ttft,
-            tpot_s=tpot,
-            at=gw.clock.wall(),
+            usage=usage,
+            stream=stream,
+            busy_s=now - self.forwarded_at,
+            arrived_at=self.started,
+            wall=gw.clock.wall(),
         )
         gw.ledger.append(record)
-        if status == "ok":
-            gw.pool.succeeded(opened.worker)
-        self._observe(record, now - self.started, error)
-        ticket = self.ticket
-        assert ticket is not None
-
-        async def settle() -> None:
-            await gw.admitter.settle(ticket, used_tokens=prompt + completion, cost_usd=cost)
-
-        return settle
-
-    def _observe(self, record: UsageRecord, duration_s: float, error: GatewayError | None) -> None:
-        self.gw.metrics.finished(
-            tenant=record.tenant,
-            model=record.model,
-            worker=record.worker_id or "",
-            status=record.status,
-            tier=self.principal.tier_name,
-            prompt_tokens=record.prompt_tokens,
-            completion_tokens=record.completion_tokens,
-            cost_usd=record.cost_usd,
-            duration_s=duration_s,
-            ttft_s=record.ttft_s,
-            tpot_s=record.tpot_s,
-        )
-        if error is not None:
-            self.span.set_attribute(attr.ERROR_TYPE, type(error).__name__)
-            self.span.set_status(Status(StatusCode.ERROR, error.message))
+        gw.metrics.finished(record, tier=self.principal.tier_name, duration_s=now - self.started)
+        self._end_span(error)
         self.span.set_attribute(attr.USAGE_INPUT, record.prompt_tokens)
         self.span.set_attribute(attr.USAGE_OUTPUT, record.completion_tokens)
         self.span.set_attribute("gearshift.cost_usd", record.cost_usd)
         self.span.end()
+        used, cost = record.prompt_tokens + record.completion_tokens, record.cost_usd
+
+        async def settle() -> None:
+            await gw.admitter.settle(ticket, used_tokens=used, cost_usd=cost)
+
+        return settle
+
+    async def _settle(self, settle: Job) -> None:
+        """Await a settlement; when the store is briefly away, the ledger writer retries it."""
+        try:
+            await settle()
+        except Exception:
+            self.gw.ledger.submit(settle)
+
+    def _end_span(self, error: BaseException | None) -> None:
+        if isinstance(error, errors.GatewayError):
+            self.span.set_attribute(attr.ERROR_TYPE, type(error).__name__)
+            self.span.set_status(Status(StatusCode.ERROR, error.message))
 
     async def abandon(self, exc: BaseException) -> None:
         """The request failed before a worker answered: release what admission reserved, end the span."""
-        if isinstance(exc, GatewayError):
-            self.span.set_attribute(attr.ERROR_TYPE, type(exc).__name__)
-            self.span.set_status(Status(StatusCode.ERROR, exc.message))
+        self._end_span(exc)
         self.span.end()
         if self.ticket is not None:
             ticket = self.ticket
@@ -350,3 +277,8 @@ class Call:
                 await asyncio.shield(release())
             except Exception:
                 self.gw.ledger.submit(release)
+
+
+def _status_of(exc: BaseException) -> str:
+    """The usage status of a call that ``exc`` ended before it could be metered."""
+    return "cancelled" if isinstance(exc, asyncio.CancelledError) else "error"

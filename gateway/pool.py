@@ -27,9 +27,12 @@ log = logging.getLogger(__name__)
 
 @dataclass(slots=True)
 class WorkerView:
-    """One worker as the router sees it."""
+    """One worker as the router sees it. The request counts (``in_flight``, ``prefill_tokens``) are changed only
+    by the requests' holds on the worker (``gateway.upstream.Hold``)."""
 
     config: WorkerConfig
+    id: str = field(init=False)
+    """The worker's id (from its config)."""
     healthy: bool = True
     """Last probe (or a refused connection) said so; optimistic until the first probe."""
     probed: bool = False
@@ -39,7 +42,7 @@ class WorkerView:
     """Requests this gateway has open on the worker."""
     prefill_tokens: int = 0
     """Estimated prompt tokens of this gateway's requests on the worker still waiting for their first byte:
-    the prefill work outstanding there (see ``begin_prefill`` / ``end_prefill``)."""
+    the prefill work outstanding there."""
     state: WorkerState | None = None
     """Published by the controller; None when no controller runs (or its state expired)."""
     ejected_until: float = 0.0
@@ -48,18 +51,8 @@ class WorkerView:
     failures: int = 0
     """Consecutive failures seen by this gateway."""
 
-    @property
-    def id(self) -> str:
-        return self.config.id
-
-    def begin_prefill(self, prompt_tokens: int) -> None:
-        """Count a request's estimated prompt tokens when it is sent to the worker."""
-        self.prefill_tokens += max(0, prompt_tokens)
-
-    def end_prefill(self, prompt_tokens: int) -> None:
-        """Release them at the request's first byte (prefill done) or at its failure, whichever comes first;
-        call once per ``begin_prefill``."""
-        self.prefill_tokens = max(0, self.prefill_tokens - max(0, prompt_tokens))
+    def __post_init__(self) -> None:
+        self.id = self.config.id
 
 
 @dataclass

@@ -11,9 +11,10 @@ from __future__ import annotations
 import asyncio
 import io
 from collections.abc import Sequence
-from dataclasses import dataclass
+from types import TracebackType
 
 import aiohttp
+from prometheus_client import Gauge
 
 from gateway.errors import GatewayError, NoWorkerAvailable, UpstreamFailed, UpstreamTimeout
 from gateway.metrics import GatewayMetrics
@@ -25,18 +26,69 @@ _ERROR_BODY_LIMIT = 64 * 1024
 _LARGE_BODY = 1024 * 1024
 
 
-@dataclass(slots=True)
-class Opened:
-    """A committed upstream response: the worker, the response and its first body chunk."""
+class Hold:
+    """One request's hold on a worker: ``async with hold: …``. Created when a worker is tried; it counts the
+    request in the worker's ``in_flight`` (and the in-flight gauge) and its estimated prompt tokens as prefill
+    outstanding there until the first byte. Its exit — ``close`` — is the call's one cleanup: it closes the
+    response (a stream still open is aborted, so the worker stops generating), releases the counts and reports
+    the call's outcome to the pool: ``failure`` charges the worker, ``ok`` clears its failures. A call that ends
+    with neither (cancelled, or a worker's own 4xx answer) reports nothing."""
 
-    worker: WorkerView
+    __slots__ = ("_gauge", "_pool", "_prefill", "attempts", "failure", "first_chunk", "ok", "refused", "response",
+                 "worker")  # fmt: skip
+
     response: aiohttp.ClientResponse
-    first_chunk: bytes
-    attempts: int
+    """Set once the worker answered with a status (always set on a hold that ``Upstream.open`` returns)."""
 
-    def release(self) -> None:
-        """Close the response: a stream still open is aborted, so the worker stops generating."""
-        self.response.close()
+    def __init__(
+        self, worker: WorkerView, *, prompt_tokens: int, attempts: int, pool: WorkerPool, gauge: Gauge
+    ) -> None:
+        self.worker = worker
+        self.attempts = attempts
+        """Workers tried for this call, this one included."""
+        self.first_chunk = b""
+        self.ok = False
+        """The worker answered well: reported when the hold ends."""
+        self.failure: GatewayError | None = None
+        """What the worker is charged with when the hold ends."""
+        self.refused = False
+        """The worker refused the connection (it is marked down at once)."""
+        self._pool = pool
+        self._gauge = gauge
+        self._prefill = max(0, prompt_tokens)
+        worker.in_flight += 1
+        worker.prefill_tokens += self._prefill
+        gauge.inc()
+
+    def answered(self, first_chunk: bytes) -> None:
+        """The worker's first body byte arrived: its prefill is done."""
+        self.first_chunk = first_chunk
+        self._end_prefill()
+
+    async def close(self) -> None:
+        """Release everything the hold counts and report its outcome; call exactly once."""
+        self._end_prefill()
+        if hasattr(self, "response"):  # unset when the worker never answered
+            self.response.close()
+        self.worker.in_flight -= 1
+        self._gauge.dec()
+        if self.failure is not None:
+            await self._pool.failed(self.worker, reason=self.failure.message, refused=self.refused)
+        elif self.ok:
+            self._pool.succeeded(self.worker)
+
+    def _end_prefill(self) -> None:
+        if self._prefill:
+            self.worker.prefill_tokens = max(0, self.worker.prefill_tokens - self._prefill)
+            self._prefill = 0
+
+    async def __aenter__(self) -> Hold:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
 
 
 class _Attempt(Exception):
@@ -66,11 +118,12 @@ class Upstream:
         self._settings = settings
         self._metrics = metrics
         self._connect = aiohttp.ClientTimeout(total=None, sock_connect=settings.connect_timeout_s)
+        self._gauges = {view.id: metrics.in_flight.labels(worker=view.id) for view in pool.views.values()}
 
     async def open(
         self, ranked: Sequence[WorkerView], path: str, body: bytes, *, stream: bool, prompt_tokens: int = 0
-    ) -> Opened:
-        """The first committed response among the ``1 + max_retries`` best workers, or the last failure.
+    ) -> Hold:
+        """A hold on the first of the ``1 + max_retries`` best workers that answers, or the last failure.
 
         While a worker has not answered its first byte, ``prompt_tokens`` (the gateway's estimate) count as prefill
         work outstanding there, which the queue scorer weighs (a long prompt holds a worker's step budget)."""
@@ -79,42 +132,33 @@ class Upstream:
         for attempt, view in enumerate(ranked[:budget], start=1):
             if last is not None:
                 self._metrics.upstream_retries.labels(worker=view.id, cause=last.cause).inc()
-            view.in_flight += 1
-            view.begin_prefill(prompt_tokens)
+            hold = Hold(
+                view, prompt_tokens=prompt_tokens, attempts=attempt, pool=self._pool, gauge=self._gauges[view.id]
+            )
             try:
-                response, first = await self._attempt(view, path, body, stream=stream)
+                await self._attempt(hold, path, body, stream=stream)
             except _Attempt as failure:
-                view.in_flight -= 1
                 last = failure
-                await self._pool.failed(view, reason=failure.cause, refused=failure.refused)
+                hold.failure, hold.refused = failure.error, failure.refused
+                await hold.close()
                 continue
-            except BaseException:
-                view.in_flight -= 1
+            except BaseException:  # cancelled (the client left): nothing to report
+                await hold.close()
                 raise
-            finally:
-                view.end_prefill(prompt_tokens)
-            self._metrics.child(self._metrics.in_flight, view.id).inc()
-            return Opened(worker=view, response=response, first_chunk=first, attempts=attempt)
+            return hold
         if last is None:
             raise NoWorkerAvailable("No worker is available.")
         raise last.error
 
-    def done(self, opened: Opened) -> None:
-        """Account the end of a committed request (always call once)."""
-        opened.release()
-        opened.worker.in_flight -= 1
-        self._metrics.child(self._metrics.in_flight, opened.worker.id).dec()
-
-    async def _attempt(
-        self, view: WorkerView, path: str, body: bytes, *, stream: bool
-    ) -> tuple[aiohttp.ClientResponse, bytes]:
+    async def _attempt(self, hold: Hold, path: str, body: bytes, *, stream: bool) -> None:
+        """Send the request to the hold's worker and wait for its first byte; ``_Attempt`` when it fails first."""
+        view = hold.worker
         limit = self._settings.first_byte_timeout_s if stream else self._settings.request_timeout_s
-        response: aiohttp.ClientResponse | None = None
         try:
             async with asyncio.timeout(limit):
                 # aiohttp writes a large bytes body in one go (and warns): stream it from a buffer instead.
                 data = body if len(body) <= _LARGE_BODY else io.BytesIO(body)
-                response = await self._session.post(
+                response = hold.response = await self._session.post(
                     view.config.url + path, data=data, headers=_JSON, timeout=self._connect
                 )
                 if response.status >= 500:
@@ -126,10 +170,8 @@ class Upstream:
                 first = await response.content.readany()
                 if not first:
                     raise _Attempt("empty", UpstreamFailed(f"Worker {view.id} closed the response before any data."))
-                return response, first
-        except BaseException as exc:  # cancellation included: never leave a response open
-            if response is not None:
-                response.close()
+                hold.answered(first)
+        except BaseException as exc:  # cancellation included (the hold closes the response)
             raise _classify(view, exc, limit) from None
 
 

@@ -20,12 +20,13 @@ if ((${#missing[@]})); then
 fi
 
 PYTHON=${PYTHON:-python3}
+EXTRAS=dev,bench  # tests and tools, and the evaluation lab (plots, fits, fuzzing, profiling)
 stamp=.venv/.gearshift-installed
-want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+want=$( (cat pyproject.toml; echo "$EXTRAS") | sha256sum | cut -d' ' -f1)
 if [ ! -x .venv/bin/python ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "bootstrap: installing the Python environment into .venv"
   [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
   .venv/bin/pip install -q --disable-pip-version-check --upgrade pip
-  .venv/bin/pip install -q --disable-pip-version-check -e '.[dev]'
+  .venv/bin/pip install -q --disable-pip-version-check -e ".[$EXTRAS]"
   echo "$want" >"$stamp"
 fi

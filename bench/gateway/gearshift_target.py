@@ -16,8 +16,9 @@ from pathlib import Path
 
 import yaml
 
-from bench.gateway.procs import free_port, start, wait_http_ready
+from bench.gateway.baseline import gateway_entry
 from bench.gateway.targets import Target
+from bench.procs import free_port, spawn, wait_http_ready
 from fleet.config import (
     ApiKeyConfig,
     DrafterConfig,
@@ -78,6 +79,8 @@ class GearshiftLauncher:
 
     name: str = "gearshift-redis"
     redis: bool = True
+    source: Path | None = None
+    """Another revision's tree to run (``bench.gateway.baseline``); None runs this checkout."""
 
     def launch(self, *, upstream: str, redis_url: str, cpu: int | None, log_dir: Path) -> Target:
         port = free_port()
@@ -90,11 +93,13 @@ class GearshiftLauncher:
             "GEARSHIFT_KEY_PEPPER": pepper,
             "GEARSHIFT_LOG_LEVEL": "WARNING",
         }
-        argv = [sys.executable, "-c", "from gearshift.cli.app import main; main()", "gateway", "--port", str(port)]
-        child = start(self.name, argv, cpu=cpu, log_dir=log_dir, env=env)
+        argv = [sys.executable, "-c", gateway_entry(self.source), "gateway", "--port", str(port)]
+        child = spawn(self.name, argv, cpu=cpu, log_dir=log_dir, env=env)
         base = f"http://127.0.0.1:{port}"
         wait_http_ready(child, base + "/v1/models", headers={"Authorization": f"Bearer {BENCH_KEY}"}, timeout_s=60)
         where = "on Redis" if self.redis else "in process memory"
+        if self.source is not None:
+            where += f", code of {self.source.name}"
         return Target(
             self.name,
             base,
@@ -104,6 +109,10 @@ class GearshiftLauncher:
         )
 
 
-def gearshift_launchers() -> list[GearshiftLauncher]:
-    """The gateway with its store in memory and on Redis (both with all of its other work on)."""
-    return [GearshiftLauncher("gearshift-memory", redis=False), GearshiftLauncher("gearshift-redis", redis=True)]
+def gearshift_launchers(source: Path | None = None, *, suffix: str = "") -> list[GearshiftLauncher]:
+    """The gateway with its store in memory and on Redis (both with all of its other work on); ``source`` and
+    ``suffix`` name another revision's tree and its targets (``gearshift-memory@REV``)."""
+    return [
+        GearshiftLauncher(f"gearshift-memory{suffix}", redis=False, source=source),
+        GearshiftLauncher(f"gearshift-redis{suffix}", redis=True, source=source),
+    ]

@@ -17,7 +17,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.gateway.procs import BenchProcessError
+from bench.procs import ProcessFailed
 
 # (component, regular expression on a frame's file path) — first match wins.
 COMPONENTS: tuple[tuple[str, str], ...] = (
@@ -125,7 +125,7 @@ def record(pid: int, *, duration_s: float, out: Path, rate_hz: int = 200) -> sub
     """Start ``py-spy record`` on ``pid`` for ``duration_s`` seconds writing raw stacks to ``out``."""
     binary = shutil.which("py-spy")
     if binary is None:
-        raise BenchProcessError("py-spy: not installed (it is a pinned dev dependency: pip install py-spy)")
+        raise ProcessFailed("py-spy: not installed (the bench extra pins it: pip install -e '.[bench]')")
     argv = [
         binary,
         "record",

@@ -124,7 +124,7 @@ def render(result: GatewayBenchResult, *, command: str, plot_names: tuple[str, s
 
 
 def _cpus() -> list[int]:
-    from bench.gateway.procs import available_cpus
+    from bench.procs import available_cpus
 
     return available_cpus()
 
@@ -137,6 +137,7 @@ def _throughput_section(result: GatewayBenchResult, names: list[str]) -> list[st
         "minus the direct upstream's in the same run. *vs floor* is the target's rate over the minimal "
         "pass-through's. *CPU µs/req* is the CPU time (user + system, from `/proc/<pid>/stat`) the proxy process "
         "used during the run divided by the requests it served: what one request costs the proxy's core.",
+        *_rounds_note(result),
         "",
         "### Throughput and latency table",
         "",
@@ -162,13 +163,29 @@ def _throughput_section(result: GatewayBenchResult, names: list[str]) -> list[st
                         _added_ms(result, name, mode, c, "p50_us"),
                         _added_ms(result, name, mode, c, "p99_us"),
                         _ratio(m.requests_per_s, floor),
+                        _spread(result, name, mode, c),
                         m.errors,
                     ]
                 )
     header = ["mode", "c", "target", "req/s", "CPU µs/req", "p50 ms", "p99 ms"]
-    header += ["added p50 ms", "added p99 ms", "vs floor", "errors"]
-    lines += [table(header, [[_num(v) for v in r] for r in rows], align="lrl" + "r" * 8), ""]
+    header += ["added p50 ms", "added p99 ms", "vs floor", "spread", "errors"]
+    lines += [table(header, [[_num(v) for v in r] for r in rows], align="lrl" + "r" * 9), ""]
     return lines
+
+
+def _rounds_note(result: GatewayBenchResult) -> list[str]:
+    if result.config.repeat < 2:
+        return []
+    return [
+        f"Every figure is the per-field median of {result.config.repeat} rounds; each round runs every target once "
+        "per mode and concurrency, so targets are interleaved in time. *spread* is (max − min) / median of req/s "
+        "over the rounds: the run's noise."
+    ]
+
+
+def _spread(result: GatewayBenchResult, name: str, mode: Mode, c: int) -> str | None:
+    spread = result.spread(name, mode, c)
+    return None if spread is None else f"{spread:.0%}"
 
 
 def _num(value: object) -> object:

@@ -14,13 +14,14 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from statistics import median
 from typing import Literal
 
 from bench.gateway import profile as profiling
-from bench.gateway.procs import BenchProcessError, available_cpus, pinned, process_cpu_s, python_module, start_redis
 from bench.gateway.targets import Target, TargetLauncher, UpstreamLauncher
 from bench.gateway.ttfc import FirstChunkResult
 from bench.gateway.wrk import WrkResult, chat_body, run_wrk, write_script
+from bench.procs import ProcessFailed, available_cpus, pinned, process_cpu_s, python_module, start_redis
 
 Mode = Literal["json", "stream"]
 MODES: tuple[Mode, ...] = ("json", "stream")
@@ -36,6 +37,9 @@ class GatewayBenchConfig:
     profile_s: float = 8.0
     """Seconds of the py-spy run per profiled target (0 turns profiling off)."""
     profile_targets: tuple[str, ...] = ("gearshift-memory", "gearshift-redis", "passthrough")
+    repeat: int = 1
+    """Rounds of the whole measurement; each round runs every target once per (mode, concurrency), so targets
+    are interleaved in time and share the machine's drift. Reported figures are per-field medians."""
 
 
 @dataclass(frozen=True)
@@ -85,11 +89,36 @@ class GatewayBenchResult:
         m = self.measurement(target, mode, concurrency)
         return m.wrk if m is not None else None
 
+    def rounds(self, target: str, mode: Mode, concurrency: int) -> list[Measurement]:
+        """Every round's measurement of one cell, in the order they ran."""
+        return [m for m in self.measurements if (m.target, m.mode, m.concurrency) == (target, mode, concurrency)]
+
     def measurement(self, target: str, mode: Mode, concurrency: int) -> Measurement | None:
-        for m in self.measurements:
-            if (m.target, m.mode, m.concurrency) == (target, mode, concurrency):
-                return m
-        return None
+        """The cell's per-field median over its rounds (the one measurement when there was one round)."""
+        rounds = self.rounds(target, mode, concurrency)
+        if not rounds:
+            return None
+        if len(rounds) == 1:
+            return rounds[0]
+        wrks = [m.wrk for m in rounds]
+        cpu = [m.cpu_s for m in rounds if m.cpu_s is not None]
+        wrk = WrkResult(
+            requests=round(median([w.requests for w in wrks])),
+            duration_s=median([w.duration_s for w in wrks]),
+            errors=sum(w.errors for w in wrks),
+            p50_us=median([w.p50_us for w in wrks]),
+            p90_us=median([w.p90_us for w in wrks]),
+            p99_us=median([w.p99_us for w in wrks]),
+            mean_us=median([w.mean_us for w in wrks]),
+        )
+        return Measurement(target, mode, concurrency, wrk, median(cpu) if cpu else None)
+
+    def spread(self, target: str, mode: Mode, concurrency: int) -> float | None:
+        """(max − min) / median of the cell's requests/s over its rounds; None with fewer than two rounds."""
+        rates = [m.wrk.requests_per_s for m in self.rounds(target, mode, concurrency)]
+        if len(rates) < 2 or median(rates) <= 0:
+            return None
+        return (max(rates) - min(rates)) / median(rates)
 
 
 Progress = Callable[[str], None]
@@ -115,7 +144,7 @@ def _first_chunk(target: Target, *, duration_s: float, cpu: int | None) -> First
     )
     done = subprocess.run(pinned(argv, cpu), capture_output=True, text=True, timeout=duration_s + 60, check=False)
     if done.returncode != 0:
-        raise BenchProcessError(f"first-chunk client against {target.name}: {done.stderr[-2000:]}")
+        raise ProcessFailed(f"first-chunk client against {target.name}: {done.stderr[-2000:]}")
     return FirstChunkResult(**json.loads(done.stdout.strip().splitlines()[-1]))
 
 
@@ -134,7 +163,7 @@ def _start_targets(
         progress(f"starting {launcher.name}")
         try:
             target = launcher.launch(upstream=upstream.base_url, redis_url=redis_url, cpu=cpu, log_dir=logs)
-        except (BenchProcessError, OSError, ValueError) as exc:
+        except (ProcessFailed, OSError, ValueError) as exc:
             result.failures.append(f"{launcher.name}: could not start: {exc}")
             continue
         started.append(target)
@@ -159,7 +188,8 @@ def run(
     try:
         upstream = UpstreamLauncher().launch(cpu=place.load_cpu, log_dir=logs)
         started.append(upstream)
-        redis_child, redis_url = start_redis(cpu=place.load_cpu, log_dir=logs)
+        redis_child = start_redis(cpu=place.load_cpu, log_dir=logs)
+        redis_url = redis_child.url
         result = GatewayBenchResult(placement=place, targets=[(upstream.name, upstream.note)], config=config)
         started += _start_targets(
             launchers, upstream, redis_url, result, cpu=place.proxy_cpu, logs=logs, progress=progress
@@ -209,22 +239,26 @@ class _Driver:
             try:
                 for mode in MODES:
                     self.load(target, mode, 16, self.config.warmup_s)
-            except BenchProcessError as exc:
+            except ProcessFailed as exc:
                 self.result.failures.append(f"{target.name}: warm-up failed: {exc}")
                 continue
             ok.append(target)
         return ok
 
     def measure(self, targets: list[Target]) -> None:
+        for n in range(self.config.repeat):
+            self.measure_round(targets, f"round {n + 1}/{self.config.repeat}: " if self.config.repeat > 1 else "")
+
+    def measure_round(self, targets: list[Target], label: str) -> None:
         for mode in MODES:
             for c in self.config.concurrencies:
                 for target in targets:
-                    self.progress(f"{mode} c={c} → {target.name}")
+                    self.progress(f"{label}{mode} c={c} → {target.name}")
                     pid = target.child.pid if target.child is not None and target.name != "direct" else None
                     before = process_cpu_s(pid) if pid is not None else None
                     try:
                         wrk = self.load(target, mode, c, self.config.duration_s)
-                    except BenchProcessError as exc:
+                    except ProcessFailed as exc:
                         self.result.failures.append(f"{target.name}: {mode} c={c}: {exc}")
                         continue
                     after = process_cpu_s(pid) if pid is not None else None
@@ -239,7 +273,7 @@ class _Driver:
                 self.result.first_chunk[target.name] = _first_chunk(
                     target, duration_s=self.config.ttfc_duration_s, cpu=self.cpu
                 )
-            except (BenchProcessError, subprocess.TimeoutExpired, ValueError) as exc:
+            except (ProcessFailed, subprocess.TimeoutExpired, ValueError) as exc:
                 self.result.failures.append(f"{target.name}: first chunk: {exc}")
 
     def profile(self, target: Target, work: Path, rate_hz: int = 200) -> None:
@@ -255,8 +289,8 @@ class _Driver:
                 self.load(target, mode, max(self.config.concurrencies), seconds / 2)
             _, err = recorder.communicate(timeout=seconds + 60)
             if not out.exists():
-                raise BenchProcessError(f"py-spy: no output: {err.decode(errors='replace')[-1000:]}")
-        except (BenchProcessError, OSError, subprocess.TimeoutExpired) as exc:
+                raise ProcessFailed(f"py-spy: no output: {err.decode(errors='replace')[-1000:]}")
+        except (ProcessFailed, OSError, subprocess.TimeoutExpired) as exc:
             self.result.failures.append(f"{target.name}: profiling failed: {exc}")
             return
         summary = profiling.summarise(out.read_text(), target=target.name, expected_samples=round(seconds * rate_hz))

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from bench.gateway.procs import Child, free_port, python_module, start, wait_http_ready
+from bench.procs import Proc, free_port, python_module, spawn, wait_http_ready
 
 CHAT_PATH = "/v1/chat/completions"
 
@@ -22,7 +22,7 @@ class Target:
     base_url: str
     """Scheme, host and port, no path."""
     api_key: str | None = None
-    child: Child | None = None
+    child: Proc | None = None
     """The proxy process (None for the direct upstream)."""
     note: str = ""
     """What runs behind the name (shown in the report)."""
@@ -53,7 +53,7 @@ class UpstreamLauncher:
 
     def launch(self, *, cpu: int | None, log_dir: Path) -> Target:
         port = free_port()
-        child = start(self.name, python_module("bench.gateway.upstream", "--port", str(port)), cpu=cpu, log_dir=log_dir)
+        child = spawn(self.name, python_module("bench.gateway.upstream", "--port", str(port)), cpu=cpu, log_dir=log_dir)
         base = f"http://127.0.0.1:{port}"
         wait_http_ready(child, base + "/health")
         return Target("direct", base, child=child, note="fast fake OpenAI upstream (asyncio + httptools), no proxy")
@@ -68,7 +68,7 @@ class PassthroughLauncher:
     def launch(self, *, upstream: str, redis_url: str, cpu: int | None, log_dir: Path) -> Target:
         port = free_port()
         argv = python_module("bench.gateway.passthrough", "--port", str(port), "--upstream", upstream)
-        child = start(self.name, argv, cpu=cpu, log_dir=log_dir)
+        child = spawn(self.name, argv, cpu=cpu, log_dir=log_dir)
         base = f"http://127.0.0.1:{port}"
         wait_http_ready(child, base + "/v1/models")
         return Target(
@@ -100,7 +100,7 @@ class CommandLauncher:
     def launch(self, *, upstream: str, redis_url: str, cpu: int | None, log_dir: Path) -> Target:
         port = free_port()
         argv = shlex.split(self.command.format(port=port, upstream=upstream, redis_url=redis_url))
-        child = start(self.name, argv, cpu=cpu, log_dir=log_dir)
+        child = spawn(self.name, argv, cpu=cpu, log_dir=log_dir)
         base = f"http://127.0.0.1:{port}"
         wait_http_ready(child, base + "/v1/models", timeout_s=60.0)
         return Target(self.name, base, api_key=self.api_key, child=child, note=f"`{self.command}`")

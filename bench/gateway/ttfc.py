@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
 from dataclasses import asdict, dataclass
 
 import aiohttp
 import uvloop
+
+from fleet.stats import percentile
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,12 +30,6 @@ class FirstChunkResult:
     p99_us: float
     incomplete: int
     """Streams that did not end with ``data: [DONE]`` or answered non-200."""
-
-
-def _quantile(values: list[float], q: float) -> float:
-    if len(values) == 1:
-        return values[0]
-    return statistics.quantiles(values, n=100, method="inclusive")[round(q * 100) - 1]
 
 
 async def measure(
@@ -58,10 +53,8 @@ async def measure(
                 incomplete += 1
                 continue
             samples.append((first_at - start) * 1e6)
-    if not samples:
-        return FirstChunkResult(samples=0, p50_us=float("nan"), p99_us=float("nan"), incomplete=incomplete)
     return FirstChunkResult(
-        samples=len(samples), p50_us=_quantile(samples, 0.5), p99_us=_quantile(samples, 0.99), incomplete=incomplete
+        samples=len(samples), p50_us=percentile(samples, 0.5), p99_us=percentile(samples, 0.99), incomplete=incomplete
     )
 
 

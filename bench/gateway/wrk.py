@@ -14,7 +14,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.gateway.procs import BenchProcessError, pinned
+from bench.procs import ProcessFailed, pinned
 
 LUA_SCRIPT = r"""
 -- gearshift bench: POST an OpenAI chat body; the body and key come from the environment.
@@ -84,7 +84,7 @@ def parse_output(text: str) -> WrkResult:
                 p99_us=float(raw["p99_us"]),
                 mean_us=float(raw["mean_us"]),
             )
-    raise BenchProcessError(f"wrk: no summary line in its output:\n{text[-2000:]}")
+    raise ProcessFailed(f"wrk: no summary line in its output:\n{text[-2000:]}")
 
 
 def write_script(directory: Path) -> Path:
@@ -106,7 +106,7 @@ def run_wrk(
     """Run wrk with one thread and ``connections`` connections against ``url`` for ``duration_s`` seconds."""
     binary = shutil.which("wrk")
     if binary is None:
-        raise BenchProcessError("wrk: not installed (scripts/bootstrap.sh installs it: apt-get install wrk)")
+        raise ProcessFailed("wrk: not installed (scripts/bootstrap.sh installs it: apt-get install wrk)")
     argv = [
         binary,
         "-t1",
@@ -123,5 +123,5 @@ def run_wrk(
         pinned(argv, cpu), env=env, capture_output=True, text=True, timeout=duration_s + 30, check=False
     )
     if done.returncode != 0:
-        raise BenchProcessError(f"wrk: exit {done.returncode}:\n{done.stderr[-2000:]}{done.stdout[-2000:]}")
+        raise ProcessFailed(f"wrk: exit {done.returncode}:\n{done.stderr[-2000:]}{done.stdout[-2000:]}")
     return parse_output(done.stdout)

@@ -13,9 +13,9 @@ import asyncio
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from bench.policy.controller_lab import lab_controller
 from bench.policy.policies import tenants_for
 from controller.cost import WorkerCost
-from controller.lab import lab_controller
 from controller.settings import ControllerSettings
 from fleet.clock import ManualClock
 from fleet.config import TierConfig

@@ -10,17 +10,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from bench.policy.capacity import MixPoint, capacity_requests_per_s
+from bench.policy.controller_lab import lab_fleet
 from bench.policy.cost_meter import ControllerCostMeter, ModelCost
 from bench.policy.policies import LabContext, LabPolicy
 from bench.policy.routing import GatewayRouter
-from bench.policy.scenario import Lengths as SpecLengths
-from bench.policy.scenario import Phase as ScenarioPhase
-from bench.policy.scenario import Scenario, TrafficClass
-from controller.lab import lab_fleet
+from bench.policy.scenario import Scenario, ScenarioPhase, TrafficClass
 from fleet.clock import ManualClock
 from fleet.perf import Profile, load_profile
 from fleet.speculation import Schedule
-from workers.sim.arrivals import Lengths, Phase, PhasedLoad, RequestKind, WorkloadMix
+from workers.sim.arrivals import Phase, PhasedLoad, RequestKind, WorkloadMix
 from workers.sim.records import RunRecords
 from workers.sim.virtual import TickContext, VirtualLab, VirtualWorker, make_worker
 
@@ -54,13 +52,10 @@ class RawRun:
 
 
 def _kind(cls: TrafficClass, scenario: Scenario) -> RequestKind:
-    def lengths(spec: SpecLengths) -> Lengths:
-        return Lengths(spec.mean, spec.sigma, spec.min, spec.max)
-
     return RequestKind(
         workload=cls.workload,
-        prompt_tokens=lengths(cls.prompt_tokens),
-        output_tokens=lengths(cls.output_tokens),
+        prompt_tokens=cls.prompt_tokens,
+        output_tokens=cls.output_tokens,
         weight=cls.weight,
         priority=scenario.tiers[cls.tier].priority,
         tag=cls.tier,

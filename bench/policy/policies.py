@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Protocol
 
-from controller.lab import lab_controller
+from bench.policy.controller_lab import lab_controller
 from controller.loop import Controller
 from controller.settings import ControllerSettings
 from fleet.clock import ManualClock

@@ -12,10 +12,11 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from controller.lab import LabTrace, lab_controller, percentile, run_lab
+from bench.policy.controller_lab import LabTrace, lab_controller, run_lab
 from controller.settings import ControllerSettings
 from fleet.clock import ManualClock
 from fleet.perf import Profile
+from fleet.stats import percentile
 from workers.sim.arrivals import Lengths, Phase, PhasedLoad, WorkloadMix
 from workers.sim.records import RunRecords
 from workers.sim.virtual import VirtualLab, make_worker

@@ -24,12 +24,11 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from bench.policy.cost_meter import ModelCost
 from bench.policy.lab import RawRun, TickSample
 from bench.policy.scenario import Scenario
 from fleet.perf import Profile, StepShape, load_profile, step_time
+from fleet.stats import percentile
 from workers.sim.records import RequestRecord, StepRecord
 
 
@@ -89,10 +88,6 @@ class RunMetrics:
     """The same run priced by the controller's cost model (``bench.policy.cost_meter``)."""
 
 
-def quantile(values: Sequence[float], q: float) -> float:
-    return float(np.quantile(np.asarray(values), q)) if len(values) else math.nan
-
-
 def meets_sla(r: RequestRecord, scenario: Scenario) -> bool:
     tier = scenario.tiers.get(r.tag)
     if tier is None:
@@ -133,8 +128,8 @@ def phase_metrics(raw: RawRun) -> list[PhaseMetrics]:
                 duration_s=end - start,
                 throughput_tok_s=_step_tokens(steps, start, end) / (end - start),
                 goodput_tok_s=_goodput_tokens(reqs, sc) / (end - start),
-                per_user_tok_s_p50=quantile(_per_user(reqs), 0.5),
-                tpot_p50_s=quantile(tpots, 0.5),
+                per_user_tok_s_p50=percentile(_per_user(reqs), 0.5),
+                tpot_p50_s=percentile(tpots, 0.5),
                 mean_decode_batch=batch,
             )
         )
@@ -237,11 +232,11 @@ def summarise(raw: RawRun, profile: Profile | None = None) -> RunMetrics:
         sla_attainment=attainment,
         requests_finished=len(finished),
         requests_unfinished=len(reqs) - len(finished),
-        ttft_p50_s=quantile([r.ttft_s for r in finished], 0.5),
-        ttft_p99_s=quantile([r.ttft_s for r in finished], 0.99),
-        tpot_p50_s=quantile(tpots, 0.5),
-        tpot_p99_s=quantile(tpots, 0.99),
-        per_user_tok_s_p50=quantile(_per_user(finished), 0.5),
+        ttft_p50_s=percentile([r.ttft_s for r in finished], 0.5),
+        ttft_p99_s=percentile([r.ttft_s for r in finished], 0.99),
+        tpot_p50_s=percentile(tpots, 0.5),
+        tpot_p99_s=percentile(tpots, 0.99),
+        per_user_tok_s_p50=percentile(_per_user(finished), 0.5),
         accepted_length=sum(s.tokens for s in decode) / sum(s.decode_seqs for s in decode) if decode else 1.0,
         mean_k=sum(s.k * s.decode_seqs for s in decoding) / max(sum(s.decode_seqs for s in decoding), 1),
         cost=split,

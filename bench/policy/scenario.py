@@ -11,14 +11,16 @@ Files are YAML; a bad file raises ``fleet.config.ConfigError`` naming the file a
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Literal, Self
+from typing import Annotated, Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from fleet.config import ConfigError, TierConfig, load_yaml, parse_model
+from workers.sim.arrivals import Lengths
 
 SCENARIO_PACKAGE = "bench.policy.scenarios"
 
@@ -27,20 +29,25 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class Lengths(_Strict):
-    """A token-length distribution: lognormal with this mean, clipped to ``[min, max]`` (tokens)."""
+SCENARIO_LENGTH_DEFAULTS: dict[str, float | int] = {"sigma": 0.5, "max": 1_000_000}
+"""What a scenario file's length distribution means when it leaves a field out (the simulator's own
+``Lengths`` defaults to exact lengths, ``sigma = 0``; scenario files default to a realistic spread)."""
+_LENGTH_FIELDS = frozenset(f.name for f in dataclasses.fields(Lengths))
 
-    mean: Annotated[float, Field(gt=0)]
-    sigma: Annotated[float, Field(ge=0, le=3)] = 0.5
-    """Shape of the lognormal (0 gives exactly ``mean``)."""
-    min: Annotated[int, Field(ge=1)] = 1
-    max: Annotated[int, Field(ge=1)] = 1_000_000
 
-    @model_validator(mode="after")
-    def _bounds(self) -> Self:
-        if self.min > self.max:
-            raise ValueError(f"min: {self.min} exceeds max {self.max}")
-        return self
+def _scenario_lengths(value: Any) -> Any:
+    """A scenario file's ``{mean, sigma?, min?, max?}`` with the scenario defaults filled in; unknown keys are
+    refused by name (pydantic would drop them silently on a dataclass)."""
+    if not isinstance(value, dict):
+        return value
+    unknown = sorted(set(value) - _LENGTH_FIELDS)
+    if unknown:
+        raise ValueError(f"unknown field(s) {unknown}; a length distribution has {sorted(_LENGTH_FIELDS)}")
+    return {**SCENARIO_LENGTH_DEFAULTS, **value}
+
+
+ScenarioLengths = Annotated[Lengths, BeforeValidator(_scenario_lengths)]
+"""``workers.sim.arrivals.Lengths`` as a scenario file writes it (tokens)."""
 
 
 class TrafficClass(_Strict):
@@ -52,8 +59,8 @@ class TrafficClass(_Strict):
     """SLA tier name (from the scenario's ``tiers``)."""
     weight: Annotated[float, Field(gt=0)] = 1.0
     """Relative share of arrivals (or of closed-loop streams)."""
-    prompt_tokens: Lengths = Lengths(mean=1000)
-    output_tokens: Lengths = Lengths(mean=500)
+    prompt_tokens: ScenarioLengths = Lengths(mean=1000, sigma=0.5, max=1_000_000)
+    output_tokens: ScenarioLengths = Lengths(mean=500, sigma=0.5, max=1_000_000)
 
 
 class ClosedLoop(_Strict):
@@ -91,7 +98,9 @@ class Burst(_Strict):
 Arrival = Annotated[ClosedLoop | Poisson | Burst, Field(discriminator="kind")]
 
 
-class Phase(_Strict):
+class ScenarioPhase(_Strict):
+    """One phase of a scenario file (the lab resolves it into a ``workers.sim.arrivals.Phase``)."""
+
     name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.@-]{1,48}$")]
     duration_s: Annotated[float, Field(gt=0)]
     """Virtual seconds."""
@@ -120,7 +129,7 @@ class Scenario(_Strict):
             "batch": TierConfig(priority=10),
         }
     )
-    phases: Annotated[tuple[Phase, ...], Field(min_length=1)]
+    phases: Annotated[tuple[ScenarioPhase, ...], Field(min_length=1)]
 
     @model_validator(mode="after")
     def _cross_check(self) -> Self:
@@ -142,14 +151,14 @@ class Scenario(_Strict):
         """Total virtual duration of all phases, seconds."""
         return sum(p.duration_s for p in self.phases)
 
-    def phase_bounds(self) -> Iterator[tuple[Phase, float, float]]:
+    def phase_bounds(self) -> Iterator[tuple[ScenarioPhase, float, float]]:
         """Each phase with its ``[start_s, end_s)`` on the scenario clock."""
         start = 0.0
         for phase in self.phases:
             yield phase, start, start + phase.duration_s
             start += phase.duration_s
 
-    def phase_at(self, t_s: float) -> Phase:
+    def phase_at(self, t_s: float) -> ScenarioPhase:
         """The phase running at scenario time ``t_s`` (the last phase past the end)."""
         for phase, start, end in self.phase_bounds():
             if start <= t_s < end:

@@ -123,6 +123,8 @@ def fitted_profile(
             "expert_bytes": max(c["c_expert"] * bw, _TINY),
             "comm_s_per_token": c["c_token"],
             "sample_s_per_token": 0.0,
+            "verify_s_per_token": 0.0,
+            "state_bytes_per_seq": 0.0,
             "kv_bytes_per_token": max(c["c_context"] * bw / base.target.kv_read_replicas, _TINY),
         }
     )

@@ -18,8 +18,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from bench.profiler.snapshot import Snapshot
 from bench.profiler.worker_client import ProfilerError, WorkerClient
+from fleet.scrape import WorkerScrape
 
 PROMPT_WORD = "profile"
 
@@ -61,7 +61,7 @@ class Point:
     measured_batch: float
     context_tokens: float
     """Mean context per decoding sequence over the window, tokens."""
-    window: Snapshot
+    window: WorkerScrape
     """Counter changes over the window."""
 
 
@@ -146,7 +146,7 @@ async def _drain(worker: WorkerClient, config: SweepConfig) -> None:
         last = snap
 
 
-def _point(batch: int, k: int, base: Snapshot, s1: Snapshot, s2: Snapshot, config: SweepConfig) -> Point:
+def _point(batch: int, k: int, base: WorkerScrape, s1: WorkerScrape, s2: WorkerScrape, config: SweepConfig) -> Point:
     window = s2 - s1
     if window.steps <= 0 or window.itl_count <= 0:
         raise ProfilerError(f"B={batch} k={k}: no engine steps observed in the window")
@@ -191,11 +191,11 @@ async def _until_all(events: list[asyncio.Event], tasks: list[asyncio.Task[None]
 
 
 async def _poll(
-    read: Callable[[], Awaitable[Snapshot]],
-    done: Callable[[Snapshot], bool],
+    read: Callable[[], Awaitable[WorkerScrape]],
+    done: Callable[[WorkerScrape], bool],
     streams: list[asyncio.Task[None]],
     every_s: float,
-) -> Snapshot:
+) -> WorkerScrape:
     """Scrape until ``done``; fails if every stream ended first. The caller bounds the time (``wait_for``)."""
     while True:
         ended = all(t.done() for t in streams)

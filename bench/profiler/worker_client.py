@@ -7,10 +7,9 @@ import asyncio
 
 import httpx
 
-from bench.profiler.snapshot import Snapshot, parse_snapshot
-from fleet.speculation import SpeculationState, SpeculationUpdate
-
-SPEC_PATH = "/gearshift/v1/speculation"
+from fleet.scrape import WorkerScrape, parse_worker_metrics
+from fleet.speculation import SPECULATION_PATH, SpeculationState, SpeculationUpdate
+from fleet.speculation_client import SpeculationCallError, SpeculationClient
 
 
 class ProfilerError(RuntimeError):
@@ -23,12 +22,13 @@ class WorkerClient:
     def __init__(self, client: httpx.AsyncClient, base_url: str, *, control_token: str) -> None:
         self._client = client
         self._base = base_url.rstrip("/")
-        self._auth = {"Authorization": f"Bearer {control_token}"}
+        self._control = SpeculationClient(client, control_token=control_token)
 
-    async def snapshot(self) -> Snapshot:
+    async def snapshot(self) -> WorkerScrape:
+        """The worker's counters now (summed over its engines and models; times on the worker's clock)."""
         response = await self._client.get(f"{self._base}/metrics")
         _check(response, "GET /metrics")
-        return parse_snapshot(response.text)
+        return parse_worker_metrics(response.text)
 
     async def model(self) -> str:
         """The first served model's id."""
@@ -40,9 +40,10 @@ class WorkerClient:
         return str(data[0]["id"])
 
     async def speculation(self) -> SpeculationState:
-        response = await self._client.get(f"{self._base}{SPEC_PATH}")
-        _check(response, f"GET {SPEC_PATH}")
-        return SpeculationState.model_validate_json(response.content)
+        try:
+            return await self._control.state(self._base)
+        except SpeculationCallError as exc:
+            raise ProfilerError(str(exc)) from exc
 
     async def set_k(self, k: int, *, lease_s: float) -> SpeculationState:
         """Apply k to every batch size under a new version, then confirm it with a GET."""
@@ -55,12 +56,16 @@ class WorkerClient:
         return await self.apply(update)
 
     async def apply(self, update: SpeculationUpdate) -> SpeculationState:
-        body = update.model_dump(mode="json", exclude_none=True)
-        response = await self._client.put(f"{self._base}{SPEC_PATH}", json=body, headers=self._auth)
-        _check(response, f"PUT {SPEC_PATH}")
+        """PUT ``update``, then confirm with a GET that the worker holds its version."""
+        try:
+            await self._control.update(self._base, update)
+        except SpeculationCallError as exc:
+            raise ProfilerError(str(exc)) from exc
         state = await self.speculation()
         if state.version != update.version:
-            raise ProfilerError(f"PUT {SPEC_PATH}: version {update.version} applied but GET shows {state.version}")
+            raise ProfilerError(
+                f"PUT {SPECULATION_PATH}: version {update.version} applied but GET shows {state.version}"
+            )
         return state
 
     async def stream(

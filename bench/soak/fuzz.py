@@ -25,7 +25,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bench.soak.procs import Proc, start_gateway, start_sim
+from bench.procs import Proc, start_gateway, start_sim
 from fleet.config import key_digest
 
 MODEL = "kimi-k3"
@@ -211,7 +211,7 @@ def _generated_schema() -> dict[str, Any]:
     from fleet.clock import SystemClock
     from fleet.config import load_fleet, load_tenants
     from fleet.store.memory import MemoryStore
-    from gateway.app import create_app
+    from gateway.http.app import create_app
     from gateway.settings import GatewaySettings
 
     app = create_app(GatewaySettings(), store=MemoryStore(), clock=SystemClock(), fleet=load_fleet(),

@@ -8,6 +8,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from fleet.scrape import exposition_samples
+
 TASKS_METRIC = "gearshift_gateway_asyncio_tasks"
 CONNECTIONS_METRIC = "gearshift_gateway_open_connections"
 
@@ -47,7 +49,4 @@ def scrape_gauge(url: str, name: str) -> float | None:
             text = resp.read().decode(errors="replace")
     except (urllib.error.URLError, OSError):
         return None
-    for line in text.splitlines():
-        if line.startswith((name + " ", name + "{")):
-            return float(line.rsplit(" ", 1)[1])
-    return None
+    return next((value for sample, _, value in exposition_samples(text) if sample == name), None)

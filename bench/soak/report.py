@@ -15,6 +15,7 @@ from pathlib import Path
 
 from bench.markdown import table
 from bench.soak.run import Finished, SoakResult
+from fleet.stats import percentile
 
 RSS_GROWTH_LIMIT = 0.10
 
@@ -24,14 +25,6 @@ class Check:
     name: str
     met: bool
     detail: str
-
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """The ``q``-quantile (0…1) by the nearest-rank method; None for no values."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
 
 
 def errors_by_type(result: SoakResult) -> tuple[Counter[str], Counter[str]]:
@@ -105,8 +98,9 @@ def checks(result: SoakResult) -> list[Check]:
     return out
 
 
-def _ms(x: float | None) -> str:
-    return "–" if x is None else f"{x * 1000:.0f}"
+def _ms(x: float) -> str:
+    """Seconds as whole milliseconds; a dash for NaN (no requests)."""
+    return "–" if math.isnan(x) else f"{x * 1000:.0f}"
 
 
 def latency_rows(finished: Sequence[Finished], *, window_s: float, elapsed_s: float) -> list[list[str]]:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from bench.soak.procs import Proc, start_gateway, start_redis, start_sim
+from bench.procs import Proc, start_gateway, start_redis, start_sim
 from fleet.config import key_digest
 
 MODEL = "kimi-k3"

@@ -44,6 +44,8 @@ class TenantLedger:
 
     entries: list[tuple[float, str]] = field(default_factory=list)
     rollups: dict[tuple[float, int], Sums] = field(default_factory=dict)
+    records_read: int = field(default=0, compare=False)
+    """How many stored records have been read one by one so far (the cost a roll-up saves)."""
 
     def append(self, record: UsageRecord) -> bool:
         """Add ``record``; False (and nothing changes) when the identical record is already there."""
@@ -62,6 +64,7 @@ class TenantLedger:
         for at, text in self.entries[start:]:
             if at >= until:
                 return
+            self.records_read += 1
             yield text
 
     def usage(self, since: float, until: float, limit: int) -> UsageTotals:

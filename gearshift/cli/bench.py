@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import shlex
 import sys
+import tempfile
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Annotated
 
@@ -75,28 +77,40 @@ def gateway(
     no_gearshift: Annotated[bool, typer.Option(help="Leave the gearshift gateway out.")] = False,
     profile_seconds: Annotated[float, typer.Option(min=0, help="py-spy seconds per profiled proxy (0: off).")] = 8.0,
     ttfc_seconds: Annotated[float, typer.Option(min=0.5, help="Seconds of first-chunk sampling per target.")] = 3.0,
+    repeat: Annotated[int, typer.Option(min=1, help="Interleaved rounds of every target; figures are medians.")] = 1,
+    baseline: Annotated[
+        str | None,
+        typer.Option(help="Also run the gateway of this git revision (targets gearshift-*@REV), interleaved."),
+    ] = None,
 ) -> None:
     """Measure the gateway's added latency and throughput against a fast fake upstream with wrk."""
     from bench.gateway import report as gw_report
+    from bench.gateway.baseline import checkout
+    from bench.gateway.gearshift_target import gearshift_launchers
     from bench.gateway.runner import GatewayBenchConfig, run
     from bench.gateway.targets import CommandLauncher, PassthroughLauncher, TargetLauncher
 
     launchers: list[TargetLauncher] = [PassthroughLauncher()]
     if not no_gearshift:
-        from bench.gateway.gearshift_target import gearshift_launchers
-
         launchers += gearshift_launchers()
     launchers += [CommandLauncher.parse(spec, i + 1) for i, spec in enumerate(proxy_cmd or [])]
-    config = GatewayBenchConfig(
-        concurrencies=tuple(concurrency or (1, 16, 64)),
-        duration_s=duration,
-        warmup_s=min(2.0, duration),
-        ttfc_duration_s=ttfc_seconds,
-        profile_s=profile_seconds,
-    )
-    console = Console(stderr=True)
-    with console.status("gateway bench") as status:
-        result = run(launchers, config=config, progress=lambda m: status.update(f"gateway bench: {m}"))
+    with ExitStack() as stack:
+        if baseline is not None:
+            tree = stack.enter_context(
+                checkout(baseline, Path(tempfile.mkdtemp(prefix="gearshift-baseline-")) / "tree")
+            )
+            launchers += gearshift_launchers(tree, suffix=f"@{baseline}")
+        config = GatewayBenchConfig(
+            concurrencies=tuple(concurrency or (1, 16, 64)),
+            duration_s=duration,
+            warmup_s=min(2.0, duration),
+            ttfc_duration_s=ttfc_seconds,
+            profile_s=profile_seconds,
+            repeat=repeat,
+        )
+        console = Console(stderr=True)
+        with console.status("gateway bench") as status:
+            result = run(launchers, config=config, progress=lambda m: status.update(f"gateway bench: {m}"))
     path = gw_report.write(result, out, command=_command_line())
     for failure in result.failures:
         console.print(f"[yellow]warning:[/] {failure}")

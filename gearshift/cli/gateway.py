@@ -12,7 +12,7 @@ import uvloop
 from fleet.clock import SystemClock
 from fleet.config import ConfigError
 from fleet.store.factory import build_store
-from gateway.serve import GatewayServer
+from gateway.http.serve import GatewayServer
 from gateway.settings import GatewaySettings
 
 

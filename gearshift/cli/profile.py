@@ -8,8 +8,6 @@ from typing import Annotated
 
 import typer
 
-from bench.profiler.output import render
-from bench.profiler.run import profile_worker
 from bench.profiler.sweep import Point, SweepConfig
 from bench.profiler.worker_client import ProfilerError
 from fleet.config import CommonSettings, ConfigError
@@ -54,6 +52,9 @@ def profile(
     """Sweep a live worker over batch sizes and k through its control API, measure step time and per-position
     acceptance from its /metrics, and fit the profile's step-time parameters (least squares). The control
     token comes from GEARSHIFT_CONTROL_TOKEN."""
+    from bench.profiler.output import render  # the fit needs numpy, from the bench extra
+    from bench.profiler.run import profile_worker
+
     config = SweepConfig(
         batch_sizes=_ints(batch_sizes, "--batch-sizes"),
         ks=_ints(ks, "--ks"),

@@ -17,7 +17,7 @@ from fleet.config import ConfigError
 from fleet.perf import Profile, load_profile
 from workers.sim.arrivals import Lengths, WorkloadMix
 from workers.sim.crossover import BEST_K_CONTEXT_TOKENS, best_k_rows, crossover_rows
-from workers.sim.figures import GENERAL_MIX, TOLERANCE, simulate_figures
+from workers.sim.figures import GENERAL_MIX, FigureResult, simulate_figures
 
 ProfileOption = Annotated[
     str, typer.Option("--profile", help="Profile name (fleet/profiles/<name>.yaml) or path to a profile YAML.")
@@ -42,36 +42,58 @@ def figures_command(
     seed: Annotated[int, typer.Option(help="Seed of the virtual-time runs.")] = 1,
     crossover: Annotated[
         bool,
-        typer.Option("--crossover", help="Also print where k=8 stops paying and the best k, by batch size (analytic)."),
+        typer.Option(
+            "--crossover", help="Also print where k_max stops paying and the best k, by batch size (analytic)."
+        ),
     ] = False,
 ) -> None:
-    """Re-run every published figure's scenario in virtual time; exit 1 if any misses ±10 %."""
+    """Re-run every figure of the profile's own figures file in virtual time; exit 1 if any asserted one misses
+    its tolerance (figures marked reported are shown, never failed)."""
     prof = _profile(profile)
     console = _console()
-    results = simulate_figures(prof, seed=seed)
-    table = Table(title=f"Calibration of {prof.name} (tolerance ±{TOLERANCE:.0%})")
-    for col in ("figure", "unit", "published", "simulated", "error", "result"):
+    try:
+        results = simulate_figures(prof, seed=seed)
+    except (ConfigError, ValueError) as exc:
+        raise typer.BadParameter(str(exc), param_hint="--profile") from exc
+    table = Table(title=f"Calibration of {prof.name} against {prof.figures}")
+    for col in ("figure", "unit", "published", "simulated", "error", "tolerance", "result"):
         table.add_column(col, justify="left" if col in ("figure", "unit") else "right")
     for r in results:
-        verdict = "[green]PASS[/green]" if r.passed else "[red]FAIL[/red]"
-        table.add_row(r.figure, r.unit, f"{r.published:g}", f"{r.simulated:.2f}", f"{r.error:+.1%}", verdict)
+        tolerance = "—" if r.tolerance is None else f"±{r.tolerance:.0%}"
+        table.add_row(
+            r.figure, r.unit, f"{r.published:g}", f"{r.simulated:.2f}", f"{r.error:+.1%}", tolerance, _verdict(r)
+        )
     console.print(table)
     if crossover:
         _print_crossover(console, prof)
-    if not all(r.passed for r in results):
+    if any(r.passed is False for r in results):
         raise typer.Exit(1)
+
+
+def _verdict(result: FigureResult) -> str:
+    if result.passed is None:
+        return "[yellow]reported, not asserted[/yellow]"
+    return "[green]PASS[/green]" if result.passed else "[red]FAIL[/red]"
+
+
+def _batch_header(batch: int, max_num_seqs: int) -> str:
+    return str(batch) if batch <= max_num_seqs else f"{batch}*"
 
 
 def _print_crossover(console: Console, profile: Profile) -> None:
     mixes = {"general mix": GENERAL_MIX}
     mixes.update({w: WorkloadMix.single(w, Lengths(1000), Lengths(500)) for w in profile.acceptance})
-    rows = crossover_rows(profile, mixes)
-    table = Table(title="Per-user speed-up of k=8 over k=0 by decode batch (context 2 000 tokens)")
+    k_max, seqs = profile.drafter.k_max, profile.serving.max_num_seqs
+    beyond = f"* beyond this profile's max_num_seqs ({seqs}): needs a larger --max-num-seqs"
+    rows = crossover_rows(profile, mixes, k=k_max)
+    table = Table(
+        title=f"Per-user speed-up of k={k_max} over k=0 by decode batch (context 2 000 tokens)", caption=beyond
+    )
     table.add_column("workload")
     table.add_column("tokens/step", justify="right")
     for b in rows[0].batches:
-        table.add_column(str(b), justify="right")
-    table.add_column("k=8 loses from", justify="right")
+        table.add_column(_batch_header(b, seqs), justify="right")
+    table.add_column(f"k={k_max} loses from", justify="right")
     for row in rows:
         cells = [f"{s:.2f}" for s in row.speedups]
         loses = "never" if row.loses_from is None else str(row.loses_from)
@@ -81,11 +103,11 @@ def _print_crossover(console: Console, profile: Profile) -> None:
     most = profile.hardware.kv_capacity_tokens // BEST_K_CONTEXT_TOKENS
     table = Table(
         title=f"Best k × its gain over k=0, by decode batch (context {BEST_K_CONTEXT_TOKENS} tokens)",
-        caption=f"KV capacity admits at most {most} sequences of this context per worker",
+        caption=f"KV capacity admits at most {most} sequences of this context per worker; {beyond}",
     )
     table.add_column("workload")
     for b in best[0].batches:
-        table.add_column(str(b), justify="right")
+        table.add_column(_batch_header(b, seqs), justify="right")
     table.add_column("k=0 from", justify="right")
     for brow in best:
         cells = [f"{k}×{g:.2f}" for k, g in zip(brow.best_k, brow.gains, strict=True)]
@@ -98,16 +120,20 @@ def bench_command(
     workers: Annotated[int, typer.Option(min=1, help="Simulated workers.")] = 8,
     streams: Annotated[int, typer.Option(min=1, help="Closed-loop streams per worker.")] = 32,
     seconds: Annotated[float, typer.Option(min=1.0, help="Virtual seconds to simulate.")] = 120.0,
-    k: Annotated[int, typer.Option(min=0, help="Draft length of every worker.")] = 8,
+    k: Annotated[
+        int | None, typer.Option(min=0, help="Draft length of every worker (default: the profile's k_max).")
+    ] = None,
     scrape_every: Annotated[
         float, typer.Option(min=0.0, help="Render every worker's /metrics each this many virtual seconds (0: never).")
     ] = 0.0,
     repeat: Annotated[int, typer.Option(min=1, help="Runs; the fastest is reported.")] = 3,
 ) -> None:
     """Measure how many simulated seconds the virtual-time lab runs per wall-clock second; exit 1 below 100."""
+    prof = _profile(profile)
+    k = prof.drafter.k_max if k is None else k
     result = best_of(
         repeat,
-        _profile(profile),
+        prof,
         workers=workers,
         streams_per_worker=streams,
         simulated_s=seconds,

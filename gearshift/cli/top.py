@@ -21,8 +21,8 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
-from controller.metrics_text import WorkerScrape, parse_worker_metrics
 from fleet.config import CommonSettings, ConfigError, FleetConfig, TenantsConfig
+from fleet.scrape import WorkerScrape, parse_worker_metrics
 from fleet.store.factory import build_store
 from fleet.store.protocol import Store, WorkerState
 from gateway.settings import GatewaySettings

@@ -12,10 +12,8 @@ from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from prometheus_client.parser import text_string_to_metric_families
-
-from controller.metrics_text import WorkerScrape
 from fleet.config import FleetConfig, TenantsConfig
+from fleet.scrape import WorkerScrape, exposition_samples
 from fleet.store.protocol import WorkerState
 from gateway import metrics as gm
 
@@ -81,12 +79,11 @@ def parse_gateway(text: str) -> GatewaySample:
     """Requests per tenant and TPOT buckets per tier from the gateway's exposition text."""
     requests: dict[str, float] = defaultdict(float)
     buckets: dict[str, dict[float, float]] = defaultdict(lambda: defaultdict(float))
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == f"{gm.REQUESTS}_total":
-                requests[sample.labels.get("tenant", "")] += sample.value
-            elif sample.name == f"{gm.TPOT}_bucket":
-                buckets[sample.labels.get("tier", "")][float(sample.labels["le"])] += sample.value
+    for name, labels, value in exposition_samples(text):
+        if name == f"{gm.REQUESTS}_total":
+            requests[labels.get("tenant", "")] += value
+        elif name == f"{gm.TPOT}_bucket":
+            buckets[labels.get("tier", "")][float(labels["le"])] += value
     return GatewaySample(dict(requests), {tier: dict(b) for tier, b in buckets.items()})
 
 
@@ -116,10 +113,11 @@ def _rate(new: float, old: float, seconds: float) -> float | None:
 
 
 def _accepted_length(cur: WorkerScrape, prev: WorkerScrape | None) -> float | None:
+    """Mean accepted length over the window; None without drafts in it (or after a counter reset)."""
     if prev is None:
         return None
-    drafts = cur.drafts - prev.drafts
-    return 1.0 + (cur.accepted - prev.accepted) / drafts if drafts > 0 else None
+    delta = cur - prev
+    return delta.tokens_per_draft if delta.drafts > 0 else None
 
 
 def _known(k: int) -> int | None:

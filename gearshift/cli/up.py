@@ -21,7 +21,7 @@ from fleet.clock import SystemClock
 from fleet.config import CommonSettings
 from fleet.store.factory import build_store
 from fleet.store.protocol import Store
-from gateway.serve import GatewayServer, client_snippet
+from gateway.http.serve import GatewayServer, client_snippet
 from gateway.settings import GatewaySettings
 from workers.sim.fleet import SimFleet, fleet_worker_settings
 

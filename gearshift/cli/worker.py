@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import tempfile
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from bench.procs import free_port
 from fleet.config import CommonSettings, ConfigError, load_fleet
 from workers.vllm.cpu_server import (
     TINY_K_MAX,
@@ -77,7 +77,7 @@ def measure_command(
     """Start the tiny CPU worker, report start-up time and memory, then tokens per draft and tokens/s per k."""
     root = work_dir or Path(tempfile.mkdtemp(prefix="gearshift-measure-"))
     model_dir = build_tiny_model(root / "tiny-llama")
-    port = _free_port()
+    port = free_port()
     worker = tiny_worker(port=port, model_dir=model_dir)
     token = CommonSettings().control_token.get_secret_value()
     plan = tiny_plan(worker, cpu=CpuOptions(in_process_worker=not worker_process))
@@ -102,12 +102,6 @@ def measure_command(
     except ServerStartError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from exc
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def register(root: typer.Typer) -> None:

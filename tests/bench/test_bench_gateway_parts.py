@@ -9,9 +9,9 @@ import aiohttp
 import pytest
 
 from bench.gateway import upstream
-from bench.gateway.procs import BenchProcessError
 from bench.gateway.profile import LOOP_ITSELF, component_of, summarise
 from bench.gateway.wrk import chat_body, parse_output
+from bench.procs import ProcessFailed
 
 
 @pytest.fixture
@@ -71,7 +71,7 @@ def test_parse_wrk_summary() -> None:
 
 
 def test_parse_wrk_without_summary_is_an_error() -> None:
-    with pytest.raises(BenchProcessError, match="no summary line"):
+    with pytest.raises(ProcessFailed, match="no summary line"):
         parse_output("wrk: connection refused")
 
 

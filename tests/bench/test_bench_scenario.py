@@ -8,6 +8,7 @@ import pytest
 
 from bench.policy.scenario import load_scenario, load_scenarios
 from fleet.config import ConfigError
+from workers.sim.arrivals import Lengths
 
 BUILT_IN = {
     "bursts",
@@ -61,6 +62,18 @@ PHASE = "phases: [{name: p, duration_s: 10, arrival: {kind: closed, concurrency:
         ("name: bad\ndescription: x\nworkers: 0\n" + PHASE, "workers"),
         ("name: bad\ndescription: x\nwarmup_s: 10\n" + PHASE, "warmup_s"),
         ("name: bad\ndescription: x\nphases: []\n", "phases"),
+        (
+            "name: bad\ndescription: x\n"
+            "phases: [{name: p, duration_s: 10, arrival: {kind: closed, concurrency: 2},"
+            " mix: [{prompt_tokens: {mean: 10, spread: 2}}]}]",
+            "phases[0].mix[0].prompt_tokens: Value error, unknown field(s) ['spread']",
+        ),
+        (
+            "name: bad\ndescription: x\n"
+            "phases: [{name: p, duration_s: 10, arrival: {kind: closed, concurrency: 2},"
+            " mix: [{output_tokens: {mean: 10, min: 20, max: 5}}]}]",
+            "phases[0].mix[0].output_tokens",
+        ),
     ],
 )
 def test_bad_scenario_names_the_field(tmp_path: Path, body: str, fragment: str) -> None:
@@ -87,3 +100,16 @@ def test_scaled_keeps_structure() -> None:
     assert small.duration_s == pytest.approx(sc.duration_s * 0.1)
     assert [p.name for p in small.phases] == [p.name for p in sc.phases]
     assert small.phase_at(small.phases[0].duration_s + 0.001).name == sc.phases[1].name
+
+
+def test_scenario_lengths_are_the_simulators_with_the_scenario_defaults(tmp_path: Path) -> None:
+    """One ``Lengths`` class: a scenario file's length is the simulator's, with sigma 0.5 where left out."""
+    body = (
+        "name: lengths\ndescription: x\n"
+        "phases: [{name: p, duration_s: 10, arrival: {kind: closed, concurrency: 2},"
+        " mix: [{prompt_tokens: {mean: 300}, output_tokens: {mean: 50, sigma: 0}}]}]"
+    )
+    cls = load_scenario(_write(tmp_path, "lengths", body)).phases[0].mix[0]
+    assert isinstance(cls.prompt_tokens, Lengths)
+    assert (cls.prompt_tokens.sigma, cls.prompt_tokens.max) == (0.5, 1_000_000)
+    assert cls.output_tokens == Lengths(mean=50, sigma=0, max=1_000_000)

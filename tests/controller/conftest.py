@@ -5,11 +5,12 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import pytest
-from ctl_helpers import CONTROL_TOKEN, LAB_PROFILE
 
 from fleet.perf import Profile, load_profile
 from workers.sim.server import SimServer
 from workers.sim.settings import SimWorkerSettings
+
+from .ctl_helpers import CONTROL_TOKEN, LAB_PROFILE
 
 
 @pytest.fixture(scope="session")

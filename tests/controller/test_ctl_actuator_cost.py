@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import httpx
 import pytest
-from ctl_helpers import CONTROL_TOKEN
 from pydantic import ValidationError
 
 from controller.actuator import ActuationError, HttpActuator
@@ -18,6 +19,8 @@ from fleet.config import WorkerConfig
 from fleet.speculation import SpeculationUpdate
 from fleet.store.protocol import UsageRecord
 from workers.sim.server import SimServer
+
+from .ctl_helpers import CONTROL_TOKEN
 
 
 def worker(url: str) -> WorkerConfig:
@@ -159,9 +162,9 @@ def test_tenant_attribution_counts_prefill() -> None:
         ({"no_such_setting": 1}, "no_such_setting"),
     ],
 )
-def test_bad_settings_name_the_field(kwargs: dict[str, object], field: str) -> None:
+def test_bad_settings_name_the_field(kwargs: dict[str, Any], field: str) -> None:
     with pytest.raises(ValidationError, match=field):
-        ControllerSettings(**kwargs)  # type: ignore[arg-type]
+        ControllerSettings(**kwargs)
 
 
 def test_settings_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-from ctl_helpers import CONTROL_TOKEN, LAB_PROFILE
 from rich.console import Console
 from typer.testing import CliRunner
 
@@ -15,6 +14,8 @@ from gearshift.cli.app import app
 from gearshift.cli.controller import sample
 from gearshift.cli.explain import explain
 from workers.sim.server import SimServer
+
+from .ctl_helpers import CONTROL_TOKEN, LAB_PROFILE
 
 
 def fleet_file(tmp_path: Path, url: str) -> Path:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from controller.lab import LabTrace, lab_controller, run_lab
+from bench.policy.controller_lab import LabTrace, lab_controller, run_lab
 from fleet.clock import ManualClock
 from fleet.perf import Profile
 from workers.sim.arrivals import Lengths, Phase, PhasedLoad, WorkloadMix

@@ -4,20 +4,21 @@ from __future__ import annotations
 
 import random
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
 from controller.estimator import EstimatorConfig, WorkerEstimator
-from controller.metrics_text import WorkerScrape
 from controller.window import Window, WindowBreak, window_between
 from fleet.perf import Profile, conditional_acceptance, predict_step
+from fleet.scrape import WorkerScrape
 
 SCHEDULE4 = ((1, 256, 4),)
 
 
-def scrape(at: float, **kw: object) -> WorkerScrape:
+def scrape(at: float, **kw: Any) -> WorkerScrape:
     base = WorkerScrape(at_s=at, spec_version=3, spec_schedule=SCHEDULE4, running=8)
-    return replace(base, **kw)  # type: ignore[arg-type]
+    return replace(base, **kw)
 
 
 def test_window_deltas_and_derived_figures() -> None:

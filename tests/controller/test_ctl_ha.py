@@ -5,14 +5,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+from bench.policy.controller_lab import NO_TENANTS, lab_controller, lab_fleet, run_lab
 from controller.actuator import ControlActuator
-from controller.lab import NO_TENANTS, lab_controller, lab_fleet, run_lab
 from controller.loop import Controller
-from controller.metrics_text import WorkerScrape
 from controller.settings import ControllerSettings
 from fleet.clock import ManualClock, SystemClock
 from fleet.config import WorkerConfig
 from fleet.perf import Profile
+from fleet.scrape import WorkerScrape
 from fleet.speculation import SpeculationControl, uniform_schedule
 from fleet.store.memory import MemoryStore
 from workers.sim.arrivals import Lengths, Phase, PhasedLoad, WorkloadMix

@@ -7,13 +7,14 @@ import asyncio
 
 import pytest
 
-from controller.lab import lab_controller, run_lab
+from bench.policy.controller_lab import lab_controller, run_lab
 from controller.loop import Controller
 from controller.settings import ControllerSettings
 from fleet.clock import ManualClock
 from fleet.config import TenantConfig, TenantsConfig, TierConfig
 from fleet.perf import Profile
 from fleet.speculation import SpeculationUpdate
+from fleet.store.memory import MemoryStore
 from fleet.store.protocol import UsageRecord
 from workers.sim.arrivals import Lengths, Phase, PhasedLoad, WorkloadMix
 from workers.sim.virtual import VirtualLab, VirtualWorker, make_worker
@@ -46,9 +47,8 @@ class Flaky:
 
 async def test_a_worker_that_stops_answering_goes_stale_then_to_the_conservative_k(lab_profile: Profile) -> None:
     clock, vlab, workers = lab(lab_profile, 2, concurrency=2)
-    ctl = lab_controller(workers, lab_profile, clock)
     flaky = Flaky(workers[1], ConnectionError("refused"))
-    ctl.source._renderers = {"w0": workers[0].metrics_text, "w1": flaky}  # type: ignore[attr-defined]
+    ctl = lab_controller(workers, lab_profile, clock, renderers={"w0": workers[0].metrics_text, "w1": flaky})
     await run_lab(vlab, ctl, until_s=20, tick_s=2)
     flaky.broken = True
     await run_lab(vlab, ctl, until_s=26, tick_s=2)
@@ -71,10 +71,9 @@ async def test_a_worker_that_stops_answering_goes_stale_then_to_the_conservative
 
 async def test_an_unexpected_error_in_one_worker_never_stops_the_others(lab_profile: Profile) -> None:
     clock, vlab, workers = lab(lab_profile, 2, concurrency=2)
-    ctl = lab_controller(workers, lab_profile, clock)
     flaky = Flaky(workers[1], ZeroDivisionError("bug"))
     flaky.broken = True
-    ctl.source._renderers = {"w0": workers[0].metrics_text, "w1": flaky}  # type: ignore[attr-defined]
+    ctl = lab_controller(workers, lab_profile, clock, renderers={"w0": workers[0].metrics_text, "w1": flaky})
     await run_lab(vlab, ctl, until_s=10, tick_s=2)
     assert ctl.workers["w1"].estimate is not None  # RenderSource turns any render failure into SourceError
     assert ctl.workers["w0"].estimate is not None
@@ -83,13 +82,12 @@ async def test_an_unexpected_error_in_one_worker_never_stops_the_others(lab_prof
 
 async def test_a_failing_tick_is_counted_and_backed_off(lab_profile: Profile) -> None:
     clock, _, workers = lab(lab_profile, 1, concurrency=1)
-    ctl = lab_controller(workers, lab_profile, clock)
 
-    class BrokenStore:
-        async def acquire_lease(self, *a: object, **kw: object) -> bool:
+    class BrokenStore(MemoryStore):
+        async def acquire_lease(self, name: str, holder: str, *, ttl_s: float) -> bool:
             raise ConnectionError("store down")
 
-    ctl.store = BrokenStore()  # type: ignore[assignment]
+    ctl = lab_controller(workers, lab_profile, clock, store=BrokenStore(clock=clock))
     stop = asyncio.Event()
     started = clock.monotonic()
 

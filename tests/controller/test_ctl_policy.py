@@ -5,15 +5,24 @@ from __future__ import annotations
 import operator
 from dataclasses import replace
 from itertools import accumulate
+from typing import Any
 
 import pytest
-from ctl_helpers import make_estimate
 
 from controller.estimator import Estimate
-from controller.policy import PolicyConfig, Risk, decide
+from controller.policy import Candidate, Decision, PolicyConfig, Risk, decide
 from fleet.perf import Profile, conditional_acceptance
 
+from .ctl_helpers import make_estimate
+
 CFG = PolicyConfig()
+
+
+def candidate(decision: Decision, k: int) -> Candidate:
+    """The decision's candidate at ``k`` (which the test knows was evaluated)."""
+    found = decision.candidate(k)
+    assert found is not None, f"no candidate at k={k}"
+    return found
 
 
 def test_low_load_chooses_k_max_and_high_load_turns_speculation_off(lab_profile: Profile) -> None:
@@ -63,9 +72,9 @@ def test_goodput_is_max_over_candidates_and_tpot_is_step_over_al(lab_profile: Pr
     ],
 )
 def test_edge_cases(
-    lab_profile: Profile, case: str, overrides: dict[str, object], expect_k: int | str, expect_risk: Risk
+    lab_profile: Profile, case: str, overrides: dict[str, Any], expect_k: int | str, expect_risk: Risk
 ) -> None:
-    est = make_estimate(lab_profile, batch=1.0, **overrides)  # type: ignore[arg-type]
+    est = make_estimate(lab_profile, batch=1.0, **overrides)
     d = decide(est, lab_profile, tpot_target_s=None, config=CFG)
     assert d.risk is expect_risk, case
     if expect_k == "below":
@@ -96,33 +105,31 @@ def test_feasible_target_is_not_overloaded(lab_profile: Profile) -> None:
 
 def test_a_k_above_the_current_one_needs_the_margin_to_meet_the_target(lab_profile: Profile) -> None:
     at8 = decide(make_estimate(lab_profile, batch=8.0, k_current=8), lab_profile, tpot_target_s=None, config=CFG)
-    c8 = at8.candidate(8)
-    assert c8 is not None
+    c8 = candidate(at8, 8)
     target = c8.tpot_s / (1 - CFG.tpot_margin / 2)  # met, with half the margin to spare
     stay = decide(make_estimate(lab_profile, batch=8.0, k_current=8), lab_profile, tpot_target_s=target, config=CFG)
     rise = decide(make_estimate(lab_profile, batch=8.0, k_current=2), lab_profile, tpot_target_s=target, config=CFG)
-    assert stay.candidate(8).feasible  # type: ignore[union-attr]
-    assert not rise.candidate(8).feasible  # type: ignore[union-attr]
+    assert candidate(stay, 8).feasible
+    assert not candidate(rise, 8).feasible
 
 
 MIX = (("maths", 0.5), ("chat", 0.5))
 
 
-def mixed_estimate(profile: Profile, **overrides: object) -> Estimate:
+def mixed_estimate(profile: Profile, **overrides: Any) -> Estimate:
     """Half the request-steps maths, half chat: the worker's blended acceptance and its fitted mix."""
     curves = [list(accumulate(conditional_acceptance(profile, c, 2000), operator.mul)) for c, _ in MIX]
     blend = [sum(s * curve[i] for (_, s), curve in zip(MIX, curves, strict=True)) for i in range(8)]
     cond = tuple(a / b for a, b in zip(blend, [1.0, *blend[:-1]], strict=True))
     base = make_estimate(profile, conditional=cond, class_mix=MIX, k_current=8, observed_positions=8)
-    return replace(base, **overrides)  # type: ignore[arg-type]
+    return replace(base, **overrides)
 
 
 def test_the_target_binds_on_the_slowest_class_not_the_blend(lab_profile: Profile) -> None:
     est = mixed_estimate(lab_profile, batch=1.0)
     kb = decide(replace(est, class_mix=()), lab_profile, tpot_target_s=None, config=CFG).k  # the blend's best k
     free = decide(est, lab_profile, tpot_target_s=None, config=CFG)
-    cb = free.candidate(kb)
-    assert cb is not None
+    cb = candidate(free, kb)
     assert cb.tpot_slowest_s is not None
     floor = max(cb.tpot_s, min(c.tpot_worst_s for c in free.candidates))
     target = (cb.tpot_worst_s + floor) / 2
@@ -130,7 +137,7 @@ def test_the_target_binds_on_the_slowest_class_not_the_blend(lab_profile: Profil
     d = decide(est, lab_profile, tpot_target_s=target, config=CFG)
     assert d.k != kb
     assert not d.overloaded
-    assert d.candidate(d.k).tpot_worst_s <= target  # type: ignore[union-attr]
+    assert candidate(d, d.k).tpot_worst_s <= target
     assert "slowest class" in d.reason
     blended = decide(replace(est, class_mix=()), lab_profile, tpot_target_s=target, config=CFG)
     assert blended.k == kb  # what the blend alone would have run
@@ -143,16 +150,14 @@ def test_overloaded_with_a_queue_drains_it_and_without_one_serves_the_slowest_cl
     assert idle.overloaded
     assert queued.k == max(queued.candidates, key=lambda c: c.goodput_tok_s).k
     fastest = min(c.tpot_worst_s for c in idle.candidates)
-    assert idle.candidate(idle.k).tpot_worst_s <= fastest * (1 + CFG.overload_tpot_tolerance)  # type: ignore[union-attr]
+    assert candidate(idle, idle.k).tpot_worst_s <= fastest * (1 + CFG.overload_tpot_tolerance)
     assert queued.k != idle.k
 
 
 def test_sla_risk_when_current_k_misses_a_target_another_k_meets(lab_profile: Profile) -> None:
     est = make_estimate(lab_profile, batch=96.0, k_current=8)
     probe = decide(est, lab_profile, tpot_target_s=None, config=CFG)
-    cur, best = probe.candidate(8), probe.candidate(probe.k)
-    assert cur is not None
-    assert best is not None
+    cur, best = candidate(probe, 8), candidate(probe, probe.k)
     assert best.tpot_s < cur.tpot_s
     target = (cur.tpot_s + best.tpot_s) / 2
     d = decide(est, lab_profile, tpot_target_s=target, config=CFG)

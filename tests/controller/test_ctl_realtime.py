@@ -8,10 +8,9 @@ from collections.abc import Callable
 
 import httpx
 import pytest
-from ctl_helpers import CONTROL_TOKEN as TOKEN
 
+from bench.policy.controller_lab import NO_TENANTS
 from controller.actuator import HttpActuator
-from controller.lab import NO_TENANTS
 from controller.loop import Controller
 from controller.settings import ControllerSettings
 from controller.sources import HttpScrapeSource
@@ -20,6 +19,8 @@ from fleet.config import DrafterConfig, FleetConfig, ModelConfig, WorkerConfig
 from fleet.perf import Profile
 from fleet.store.memory import MemoryStore
 from workers.sim.server import SimServer
+
+from .ctl_helpers import CONTROL_TOKEN as TOKEN
 
 SPEEDUP = 20.0
 # Controller time constants in real seconds: one 0.1 s tick is 2 simulated seconds.

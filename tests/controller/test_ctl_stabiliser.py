@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import random
 from dataclasses import replace
+from typing import Any
 
 import pytest
-from ctl_helpers import make_estimate
 
 from controller.policy import Candidate, Decision, Risk
 from controller.stabiliser import ActionKind, StabiliserConfig, StabiliserState, initial_state, stabilise
 from fleet.perf import Profile
+
+from .ctl_helpers import make_estimate
 
 CFG = StabiliserConfig(up_ticks=3, down_ticks=2, min_dwell_s=10, probe_interval_s=60, probe_s=4, gain_threshold=0.05)
 TICK = 2.0
@@ -25,9 +27,9 @@ def decision(k: int, *, gain: float = 0.2, risk: Risk = Risk.NONE, goodput: dict
 
 
 def run(
-    profile: Profile, state: StabiliserState, decisions: list[Decision], *, t0: float = 100.0, **est_overrides: object
+    profile: Profile, state: StabiliserState, decisions: list[Decision], *, t0: float = 100.0, **est_overrides: Any
 ) -> tuple[StabiliserState, list[tuple[int, ActionKind]]]:
-    est = make_estimate(profile, **est_overrides)  # type: ignore[arg-type]
+    est = make_estimate(profile, **est_overrides)
     out = []
     for i, d in enumerate(decisions):
         state, action = stabilise(state, d, est, t0 + i * TICK, CFG)

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from bench.procs import free_port
 from controller.app import ControllerComponent
 from fleet.clock import SystemClock
 from fleet.config import CommonSettings
 from fleet.store.memory import MemoryStore
 from gearshift.cli.up import SharedStore, build_components, controller_components, run_components
-from tests._net import free_port
 
 
 async def test_up_controller_publishes_worker_state_to_the_shared_store(
@@ -39,7 +39,7 @@ async def test_up_controller_publishes_worker_state_to_the_shared_store(
     async def published() -> None:
         for _ in range(200):
             states = await shared.store.worker_states()
-            if "up-0" in states and states["up-0"].k_applied == 8 and not states["up-0"].stale:
+            if "up-0" in states and states["up-0"].k_applied == 7 and not states["up-0"].stale:
                 stop.set()
                 return
             await asyncio.sleep(0.02)
@@ -47,5 +47,5 @@ async def test_up_controller_publishes_worker_state_to_the_shared_store(
 
     await asyncio.gather(run_components([*components, controller], stop), published())
     state = (await shared.store.worker_states())["up-0"]
-    assert state.k_applied == 8
+    assert state.k_applied == 7
     assert not state.stale

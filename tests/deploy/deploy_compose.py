@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from deploy_contracts import ROOT
+
+from .deploy_contracts import ROOT
 
 COMPOSE_DIR = ROOT / "deploy" / "compose"
 COMPOSE_FILE = COMPOSE_DIR / "compose.yaml"

@@ -137,7 +137,7 @@ def served_paths(process: Process) -> frozenset[str]:
     """Every HTTP path the process's app serves, from its factory's route table."""
     if process.command == ("gateway",):
         from fleet.store.memory import MemoryStore
-        from gateway.app import create_app
+        from gateway.http.app import create_app
         from gateway.settings import GatewaySettings
 
         app = create_app(

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from deploy_kustomize import Resource, pod_templates
+from .deploy_kustomize import Resource, pod_templates
 
 LWS_GROUP = "leaderworkerset.sigs.k8s.io/group-index"
 LWS_WORKER = "leaderworkerset.sigs.k8s.io/worker-index"

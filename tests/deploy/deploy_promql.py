@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from deploy_contracts import ROOT
+
+from .deploy_contracts import ROOT
 
 RULES_DIR = ROOT / "deploy" / "prometheus" / "rules"
 

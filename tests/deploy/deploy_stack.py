@@ -20,19 +20,20 @@ from typing import Any
 import httpx
 import yaml
 from aiohttp import web
-from deploy_promql import rule_files
 
+from bench.procs import free_port
 from controller.app import ControllerComponent
 from controller.settings import ControllerSettings
 from controller.stabiliser import StabiliserConfig
 from fleet.clock import SystemClock
 from fleet.config import FleetConfig, TenantsConfig, key_digest, load_tenants
 from fleet.store.memory import MemoryStore
-from gateway.serve import GatewayServer
+from gateway.http.serve import GatewayServer
 from gateway.settings import GatewaySettings
-from tests._net import free_port
 from workers.sim.server import SimServer
 from workers.sim.settings import SimWorkerSettings
+
+from .deploy_promql import rule_files
 
 PEPPER = "gearshift-dev-pepper"
 KEYS = {"demo": "gs-demo-key", "batch-demo": "gs-batch-key", "tiny": "gs-tiny-key"}
@@ -81,8 +82,19 @@ async def _flaky_worker() -> tuple[web.AppRunner, str]:
 @contextlib.asynccontextmanager
 async def running_stack(tmp_path: Path) -> AsyncIterator[Stack]:
     sims = [
-        SimServer(SimWorkerSettings(worker_id="sim-0", port=0, speedup=20.0, seed=0)),
-        SimServer(SimWorkerSettings(worker_id="sim-1", port=0, speedup=20.0, seed=1, control_token="not-the-token")),
+        # Random-token traffic: the least predictable class, so the controller shortens drafts (and actuates)
+        # even at the stack's low load.
+        SimServer(SimWorkerSettings(worker_id="sim-0", port=0, speedup=20.0, seed=0, default_workload="random")),
+        SimServer(
+            SimWorkerSettings(
+                worker_id="sim-1",
+                port=0,
+                speedup=20.0,
+                seed=1,
+                control_token="not-the-token",
+                default_workload="random",
+            )
+        ),
     ]
     for sim in sims:
         await sim.start()

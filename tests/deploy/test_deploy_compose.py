@@ -6,8 +6,13 @@ from urllib.parse import urlsplit
 
 import pytest
 import yaml
-from deploy_compose import COMPOSE_DIR, SERVICE_KEYS, TOP_LEVEL, Service, load, services
-from deploy_contracts import (
+from typer.testing import CliRunner
+
+from fleet.config import FleetConfig, WorkerKind, load_fleet
+from workers.sim.settings import SimWorkerSettings
+
+from .deploy_compose import COMPOSE_DIR, SERVICE_KEYS, TOP_LEVEL, Service, load, services
+from .deploy_contracts import (
     bind_host,
     env_names,
     listen_port,
@@ -16,10 +21,7 @@ from deploy_contracts import (
     resolve_command,
     served_paths,
 )
-from deploy_contracts import settings_class as settings_of
-from typer.testing import CliRunner
-
-from fleet.config import FleetConfig, WorkerKind, load_fleet
+from .deploy_contracts import settings_class as settings_of
 
 FLEETS = {"fleet-sim": {}, "fleet-vllm": {"GEARSHIFT_FLEET": "fleet-vllm"}}
 """Fleet file → the environment that selects it (README: GEARSHIFT_FLEET=fleet-vllm with --profile vllm)."""
@@ -62,9 +64,9 @@ def test_compose_file_shape_and_references() -> None:
         for target, source in svc.bind_mounts().items():
             assert source.exists(), f"{svc.name}: {source} (mounted at {target}) does not exist"
         for volume in svc.spec.get("volumes", []):
-            source = str(volume).split(":")[0]
-            if not source.startswith((".", "/")):
-                assert source in compose["volumes"], f"{svc.name}: undeclared volume {source}"
+            volume_name = str(volume).split(":")[0]
+            if not volume_name.startswith((".", "/")):
+                assert volume_name in compose["volumes"], f"{svc.name}: undeclared volume {volume_name}"
     host_ports = [p for s in svcs.values() for p in s.published().values()]
     assert len(host_ports) == len(set(host_ports)), "two services publish the same host port"
 
@@ -114,7 +116,8 @@ def test_fleet_workers_are_services_configured_like_their_fleet_entry(fleet_name
         assert listen_port(process, settings, own_fleet(svc, options, fleet), options.get("--worker-id")) == port
         if worker.kind is WorkerKind.SIM:
             assert process.command == ("sim", "serve")
-            assert (settings.worker_id, settings.model, settings.max_num_seqs) == (  # type: ignore[attr-defined]
+            assert isinstance(settings, SimWorkerSettings)
+            assert (settings.worker_id, settings.model, settings.max_num_seqs) == (
                 worker.id,
                 worker.model,
                 worker.max_num_seqs,

@@ -9,14 +9,15 @@ from typing import Any
 
 import pytest
 import yaml
-from deploy_contracts import ROOT, exported_series
-from deploy_promql import grafana_to_promql, metric_names, promtool, recorded_names
 
 from dashboards import build
 from dashboards.model import GRID_COLUMNS, expressions
 from dashboards.sla import bucket_bounds, sla_rules, threshold
 from fleet.config import load_tenants
 from gateway.metrics import TPOT, TTFT
+
+from .deploy_contracts import ROOT, exported_series
+from .deploy_promql import grafana_to_promql, metric_names, promtool, recorded_names
 
 DASHBOARDS = sorted((ROOT / "dashboards" / "grafana").glob("*.json"))
 

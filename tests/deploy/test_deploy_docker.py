@@ -1,13 +1,17 @@
-"""deploy/docker: the images copy every package the project installs, and the vLLM image uses the same vLLM
-version and plugin requirements as the CI's CPU worker (scripts/vllm-env.sh). No Docker engine here: read."""
+"""deploy/docker: the images copy every package the project installs, install no extra (so the lab's plotting
+and numerics stay out of the services), and the vLLM image uses the same vLLM version and plugin requirements as
+the CI's CPU worker (scripts/vllm-env.sh). No Docker engine here: read."""
 
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 import tomllib
 
 import pytest
-from deploy_contracts import ROOT
+
+from .deploy_contracts import ROOT
 
 DOCKER = ROOT / "deploy" / "docker"
 DOCKERFILES = ("Dockerfile", "vllm.Dockerfile")
@@ -40,3 +44,21 @@ def test_vllm_image_matches_the_ci_worker() -> None:
         assert requirement in text, f"vllm.Dockerfile does not install the plugin requirement {requirement}"
     assert re.search(r'^ENTRYPOINT \["/opt/gearshift/bin/gearshift"\]$', text, re.MULTILINE)
     assert 'ENTRYPOINT ["gearshift"]' in (DOCKER / "Dockerfile").read_text()
+
+
+def test_images_install_no_extra_and_every_command_starts_without_the_bench_extra() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    bench = {re.split(r"[=<>!~\[]", r)[0] for r in project["optional-dependencies"]["bench"]}
+    core = {re.split(r"[=<>!~\[]", r)[0] for r in project["dependencies"]}
+    assert {"matplotlib", "numpy"} <= bench
+    assert not bench & core
+    for name in DOCKERFILES:
+        targets = re.findall(r"pip install (?:--no-deps )?(\.\S*)", (DOCKER / name).read_text())
+        assert targets, f"{name} does not install the project"
+        assert set(targets) == {"."}, f"{name} installs an extra: {targets}"
+    # Every command registers at import; none may need the bench extra to start (the lab's commands import it
+    # when they run).
+    probe = "import sys; sys.modules.update(dict.fromkeys(%r)); from gearshift.cli.app import app; app(['--help'])"
+    argv = [sys.executable, "-c", probe % sorted(bench)]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=ROOT, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]

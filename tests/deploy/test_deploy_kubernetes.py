@@ -11,7 +11,11 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
-from deploy_contracts import (
+from typer.testing import CliRunner
+
+from fleet.config import FleetConfig, TenantsConfig, parse_model
+
+from .deploy_contracts import (
     ROOT,
     bind_host,
     env_names,
@@ -22,11 +26,8 @@ from deploy_contracts import (
     served_paths,
     settings_class,
 )
-from deploy_kustomize import KustomizeError, Resource, build, pod_specs
-from deploy_pods import Pod, container_args, container_env, container_ports, pods
-from typer.testing import CliRunner
-
-from fleet.config import FleetConfig, TenantsConfig, parse_model
+from .deploy_kustomize import KustomizeError, Resource, build, pod_specs
+from .deploy_pods import Pod, container_args, container_env, container_ports, pods
 
 K8S = ROOT / "deploy" / "kubernetes"
 OVERLAYS = ("sim", "kimi-k3")
@@ -305,7 +306,11 @@ def test_each_worker_group_is_one_tp16_engine_over_two_eight_gpu_pods(k8s: Path)
         assert result.exit_code == 0, result.output
         lines.append(result.output)
     leader, follower = lines
-    expected = ("VLLM_PLUGINS=gearshift", "num_speculative_tokens_per_batch_size", '"method": "dspark"')
+    expected: tuple[str, ...] = (
+        "VLLM_PLUGINS=gearshift",
+        "num_speculative_tokens_per_batch_size",
+        '"method": "dspark"',
+    )
     expected += ("--tensor-parallel-size 16", "--nnodes 2", "--master-addr kimi-k3-0.kimi-k3")
     for line in lines:
         assert [e for e in expected if e not in line] == []

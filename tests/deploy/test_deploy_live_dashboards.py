@@ -15,10 +15,11 @@ from pathlib import Path
 
 import httpx
 import pytest
-from deploy_promql import grafana_to_promql, metric_names
-from deploy_stack import KEYS, Stack, running_prometheus, running_stack
 
 from dashboards.model import expressions
+
+from .deploy_promql import grafana_to_promql, metric_names
+from .deploy_stack import KEYS, Stack, running_prometheus, running_stack
 
 DASHBOARDS = sorted((Path(__file__).resolve().parents[2] / "dashboards" / "grafana").glob("*.json"))
 BODY = {"model": "kimi-k3", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 24, "stream": True}

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from deploy_contracts import ROOT, exported_series
-from deploy_promql import metric_names, promtool, recorded_names, rule_files, rules
+
+from .deploy_contracts import ROOT, exported_series
+from .deploy_promql import metric_names, promtool, recorded_names, rule_files, rules
 
 PROMETHEUS_DIR = ROOT / "deploy" / "prometheus"
 

@@ -15,17 +15,17 @@ import pytest
 import yaml
 from prometheus_client import generate_latest
 
-from controller.metrics_text import parse_worker_metrics
+from bench.procs import free_port
 from fleet.clock import SystemClock
 from fleet.config import FleetConfig, load_tenants
+from fleet.scrape import parse_worker_metrics
 from fleet.store.memory import MemoryStore
 from fleet.store.protocol import WorkerState
+from gateway.http.serve import GatewayServer
 from gateway.metrics import GatewayMetrics
-from gateway.serve import GatewayServer
 from gateway.settings import GatewaySettings
 from gearshift.cli.top import GatewayAdminStates, StoreStates
 from gearshift.cli.top_model import Snapshot, WorkerSample, histogram_quantile, parse_gateway, tenant_rows, worker_rows
-from tests._net import free_port
 from workers.sim.server import SimServer
 from workers.sim.settings import SimWorkerSettings
 
@@ -160,8 +160,12 @@ async def test_top_once_draws_workers_and_tenants_of_a_running_stack(tmp_path: P
         await store.publish_worker_state(state, ttl_s=120)
         stop = asyncio.Event()
         traffic = asyncio.create_task(drive(url, stop))
-        env = {k: v for k, v in os.environ.items() if not k.startswith("GEARSHIFT_")}
-        env |= {"GEARSHIFT_FLEET_FILE": str(fleet_file), "GEARSHIFT_ADMIN_KEY": ADMIN_KEY, "COLUMNS": "200"}
+        env = {
+            **os.environ,
+            "GEARSHIFT_FLEET_FILE": str(fleet_file),
+            "GEARSHIFT_ADMIN_KEY": ADMIN_KEY,
+            "COLUMNS": "200",
+        }
         gearshift = Path(sys.executable).parent / "gearshift"
         proc = await asyncio.create_subprocess_exec(
             str(gearshift), "top", "--once", "--interval", "1.5", "--gateway", url, "--width", "200",

@@ -16,11 +16,14 @@ from fleet.perf import (
     conditional_acceptance,
     expected_tokens_per_step,
     experts_touched,
+    kv_capacity_from_memory,
     load_profile,
+    state_memory_bytes,
     step_time,
 )
 
 DEFAULT = load_profile("kimi-k3-dspark-tp16")
+SHIPPED = ("kimi-k3-dspark-tp16", "kimi-k3-dspark-mi355x-tp8")
 
 
 def profile_with(**sections: dict[str, Any]) -> Profile:
@@ -46,7 +49,8 @@ def test_batch_one_decode_step_is_the_roofline_sum() -> None:
     shape = StepShape(decode_seqs=1, k=0, context_tokens=1000)
     weights = t.dense_bytes + t.experts_per_token * t.expert_bytes
     kv = 1000 * t.kv_bytes_per_token * t.kv_read_replicas
-    expected = (weights + kv) / hw.hbm_bytes_per_s + t.comm_s_per_token + t.step_overhead_s
+    state = 2 * t.state_bytes_per_seq  # read once, written once for the one verified token
+    expected = (weights + kv + state) / hw.hbm_bytes_per_s + t.comm_s_per_token + t.step_overhead_s
     got = step_time(DEFAULT, shape)
     assert got.target_s == pytest.approx(expected)
     assert got.drafter_s == 0.0
@@ -86,6 +90,7 @@ def test_imperfect_overlap_adds_that_share_of_the_shorter_side() -> None:
     t, hw = ideal.target, ideal.hardware
     memory = (t.dense_bytes + experts_touched(ideal, 2256) * t.expert_bytes) / hw.hbm_bytes_per_s
     memory += 64 * 4000 * t.kv_bytes_per_token * t.kv_read_replicas / hw.hbm_bytes_per_s
+    memory += 64 * (3 + 2) * t.state_bytes_per_seq / hw.hbm_bytes_per_s
     compute = 2 * t.active_params * 2256 / hw.flops_per_s
     for overlap in (1.0, 0.4, 0.0):
         p = profile_with(target={"comm_s_per_token": 0.0, "step_overhead_s": 0.0}, hardware={"overlap": overlap})
@@ -150,12 +155,13 @@ def test_speculation_helps_a_lot_alone_and_hurts_with_a_full_batch() -> None:
 
         return rate(k) / rate(0)
 
-    assert gain(1, 8) > 3.0
-    assert gain(1, 8) > gain(16, 8) > 1.0
-    chat = conditional_acceptance(DEFAULT, "chat", 2000)
-    full = StepShape(256, 8, 256 * 2000)
+    k = DEFAULT.drafter.k_max
+    assert gain(1, k) > 3.0
+    assert gain(1, k) > gain(16, k) > 1.0
+    random = conditional_acceptance(DEFAULT, "random", 2000)
+    full = StepShape(256, k, 256 * 2000)
     assert (
-        expected_tokens_per_step(chat, 8) / step_time(DEFAULT, full).total_s
+        expected_tokens_per_step(random, k) / step_time(DEFAULT, full).total_s
         < 1 / step_time(DEFAULT, StepShape(256, 0, 256 * 2000)).total_s
     )
 
@@ -199,3 +205,64 @@ def test_load_profile_by_path_and_bad_profiles_name_the_field(tmp_path: Path) ->
     path.write_text(json.dumps(data))
     with pytest.raises(ConfigError, match=r"acceptance\.chat\.base"):
         load_profile(path)
+
+
+def test_constant_state_is_read_once_and_written_per_verified_token() -> None:
+    stateless = profile_with(target={"state_bytes_per_seq": 0.0})
+
+    def state_s(seqs: int, k: int) -> float:
+        shape = StepShape(seqs, k, seqs * 1000)
+        return step_time(DEFAULT, shape).target_s - step_time(stateless, shape).target_s
+
+    per_copy = DEFAULT.target.state_bytes_per_seq / DEFAULT.hardware.hbm_bytes_per_s
+    assert state_s(1, 0) == pytest.approx(2 * per_copy)
+    assert state_s(1, 7) == pytest.approx(9 * per_copy)
+    assert state_s(32, 7) == pytest.approx(32 * state_s(1, 7)), "constant per request, whatever its context"
+    assert step_time(DEFAULT, StepShape(0, 0, 0, prefill_tokens=1000)).target_s == pytest.approx(
+        step_time(stateless, StepShape(0, 0, 0, prefill_tokens=1000)).target_s
+    )
+
+
+def test_verification_cost_is_paid_only_by_speculative_steps() -> None:
+    p = profile_with(target={"verify_s_per_token": 1e-4})
+
+    def extra(shape: StepShape) -> float:
+        return step_time(p, shape).target_s - step_time(DEFAULT, shape).target_s
+
+    assert extra(StepShape(8, 7, 8000)) == pytest.approx(64 * 1e-4)
+    assert extra(StepShape(8, 0, 8000)) == 0.0
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_kv_capacity_is_what_memory_holds_after_weights_activations_and_state(name: str) -> None:
+    profile = load_profile(name)
+    assert profile.hardware.kv_capacity_tokens == kv_capacity_from_memory(profile)
+    assert state_memory_bytes(profile, 1) == (1 + profile.drafter.k_max) * profile.target.state_bytes_per_seq
+    fewer = profile.model_copy(update={"serving": profile.serving.model_copy(update={"max_num_seqs": 1})})
+    assert kv_capacity_from_memory(fewer) > kv_capacity_from_memory(profile), "state takes KV room"
+
+
+def test_memory_that_does_not_fit_leaves_no_kv() -> None:
+    tiny = profile_with(hardware={"hbm_capacity_bytes_per_gpu": 1e9})
+    assert kv_capacity_from_memory(tiny) == 0
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_shipped_profiles_state_their_hardware_and_recipe(name: str) -> None:
+    profile = load_profile(name)
+    assert profile.hardware.gpus == profile.serving.tensor_parallel_size
+    assert profile.drafter.k_max == 7, "the recipe's num_speculative_tokens"
+    assert profile.serving.max_model_len == 1_048_576
+    assert (profile.target.num_experts, profile.target.experts_per_token) == (896, 16)
+    assert profile.figures is not None
+
+
+def test_serving_settings_are_validated() -> None:
+    with pytest.raises(ValueError, match="tensor_parallel_size"):
+        profile_with(serving={"tensor_parallel_size": 3})
+    with pytest.raises(ValueError, match="max_num_seqs"):
+        profile_with(serving={"max_num_seqs": 0})
+    with pytest.raises(ValueError, match="kv_cache_dtype"):
+        profile_with(serving={"kv_cache_dtype": "int3"})
+    with pytest.raises(ValueError, match="default_workload"):
+        Profile.model_validate({**DEFAULT.model_dump(), "default_workload": "no-such-class"})

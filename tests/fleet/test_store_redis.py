@@ -6,16 +6,18 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import AsyncIterator
+from typing import cast
 
 import pytest
+from redis.asyncio import Redis
 
+from bench.procs import free_port
 from fleet.clock import ManualClock
 from fleet.config import CommonSettings
 from fleet.store.factory import build_store
 from fleet.store.memory import MemoryStore
 from fleet.store.protocol import Admission, BudgetLimit, Limit, SlotLimit, UsageRecord, WindowLimit
 from fleet.store.redis import RedisStore
-from tests._net import free_port
 from tests.fleet.store_harness import T0
 
 pytestmark = pytest.mark.redis
@@ -55,30 +57,31 @@ async def test_two_replicas_share_leases_and_ejections(replicas: tuple[RedisStor
 
 async def test_every_key_carries_the_prefix(redis_url: str, key_prefix: str) -> None:
     store = RedisStore.from_url(redis_url, prefix=key_prefix)
-    probe = RedisStore.from_url(redis_url, prefix="")
+    probe = Redis.from_url(redis_url, decode_responses=True)
     try:
         await store.admit([WindowLimit(key="w", cost=1, limit=5), SlotLimit(key="s", slot_id="x", limit=1)], now=T0)
         await store.settle(windows=(), slots=(), spend={"spend": 1.0}, now=T0)
         await store.acquire_lease("l", "me", ttl_s=30)
         await store.eject("w0", until=T0 + 5, reason="r")
         await store.append_usage(_record())
-        keys = [k async for k in probe._redis.scan_iter(match="*")]
+        keys = [k async for k in probe.scan_iter(match="*")]
         mine = [k for k in keys if k.startswith(key_prefix)]
         assert len(mine) >= 8
         assert f"{key_prefix}usage" in mine
         assert not [k for k in keys if k.startswith(("w", "s", "spend", "lease", "ejected", "usage"))]
     finally:
         await store.close()
-        await probe.close()
+        await probe.aclose()
 
 
 async def test_ledger_stream_holds_one_entry_per_record(redis_url: str, key_prefix: str) -> None:
-    store = RedisStore.from_url(redis_url, prefix=key_prefix)
+    client = Redis.from_url(redis_url, decode_responses=True)
+    store = RedisStore(client, prefix=key_prefix)
     try:
         for i in range(3):
             await store.append_usage(_record(i))
         await store.append_usage(_record(0))  # a retried append is not billed twice
-        entries: list[tuple[str, dict[str, str]]] = await store._redis.xrange(f"{key_prefix}usage")  # type: ignore[assignment]
+        entries = cast(list[tuple[str, dict[str, str]]], await client.xrange(f"{key_prefix}usage"))
         ids = [UsageRecord.model_validate_json(fields["record"]).request_id for _, fields in entries]
         assert ids == ["r0", "r1", "r2"]
     finally:
@@ -171,8 +174,13 @@ async def test_factory_builds_the_store_the_settings_ask_for(redis_url: str) -> 
     try:
         assert isinstance(memory, MemoryStore)
         assert isinstance(shared, RedisStore)
-        assert shared._prefix == "factory:"
-        assert await shared.ping()
+        assert await shared.acquire_lease("factory-test", "me", ttl_s=30)
+        probe = Redis.from_url(redis_url, decode_responses=True)
+        try:
+            assert await probe.get("factory:lease:factory-test") == "me"
+        finally:
+            await probe.aclose()
+        await shared.release_lease("factory-test", "me")
     finally:
         await memory.close()
         await shared.close()

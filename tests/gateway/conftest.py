@@ -6,7 +6,8 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from fake_upstream import FakeUpstream, StartUpstreams
+
+from .harness import FakeUpstream, StartUpstreams
 
 
 @pytest.fixture

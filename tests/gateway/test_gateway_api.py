@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import httpx
 import orjson
-from fake_upstream import StartUpstreams
-from gateway_harness import MODEL, eventually, make_fleet, make_tenants, serve_gateway
+
+from .harness import MODEL, StartUpstreams, eventually, make_fleet, make_tenants, serve_gateway
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 5}
 
@@ -56,6 +56,8 @@ async def test_stream_forces_usage_upstream_and_strips_it_when_not_asked(upstrea
         r = await c.post("/v1/chat/completions", json={**CHAT, "stream": True})
         assert r.status_code == 200
         assert r.headers["content-type"].startswith("text/event-stream")
+        assert (r.headers["cache-control"], r.headers["x-accel-buffering"]) == ("no-cache", "no")
+        assert r.headers["x-request-id"].startswith("req-")
         events = sse_events(r.text)
         assert events[-1] == "[DONE]"
         chunks = [orjson.loads(e) for e in events[:-1]]

@@ -8,8 +8,9 @@ from typing import Any
 import httpx
 import orjson
 import pytest
-from fake_upstream import Mode, StartUpstreams
-from gateway_harness import MODEL, eventually, make_fleet, make_tenants, serve_gateway
+from prometheus_client.parser import text_string_to_metric_families
+
+from .harness import MODEL, Mode, StartUpstreams, eventually, make_fleet, make_tenants, serve_gateway
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 
@@ -106,7 +107,12 @@ async def test_unknown_route_and_method_are_openai_shaped(upstreams: StartUpstre
     (w,) = await upstreams(1)
     async with serve_gateway(make_fleet([w.url]), make_tenants()) as g, g.client() as c:
         error_of(await c.get("/v1/nope"), 404, "not_found_error")
-        error_of(await c.get("/v1/chat/completions"), 405, "invalid_request_error")
+        r = await c.get("/v1/chat/completions")
+        error_of(r, 405, "invalid_request_error")
+        assert r.headers["allow"] == "POST"
+        error_of(await c.put("/v1/models"), 405, "invalid_request_error")
+        counts = _error_counts((await c.get("/metrics")).text)
+    assert counts == {"not_found_error": 1.0, "invalid_request_error": 2.0}
 
 
 # -------------------------------------------------------------------------------------------- admission
@@ -158,11 +164,19 @@ async def test_budget_exceeded(upstreams: StartUpstreams) -> None:
         r = await c.post("/v1/chat/completions", json=CHAT)
         assert error_of(r, 429, "insufficient_quota")["code"] == "budget_exceeded"
         assert await g.store.spent("spend:alpha") > 1e-9
+        errors = _error_counts((await c.get("/metrics")).text)
+    assert errors == {"insufficient_quota": 1.0}  # by the error's type, not as the 429's rate_limit_error
+
+
+def _error_counts(metrics: str) -> dict[str, float]:
+    """``gearshift_gateway_errors_total`` by its ``type`` label."""
+    family = next(f for f in text_string_to_metric_families(metrics) if f.name == "gearshift_gateway_errors")
+    return {s.labels["type"]: s.value for s in family.samples if s.name.endswith("_total")}
 
 
 # --------------------------------------------------------------------------------------------- upstream
 async def test_all_workers_down_is_503() -> None:
-    from _net import free_port
+    from bench.procs import free_port
 
     urls = [f"http://127.0.0.1:{free_port()}" for _ in range(2)]
     async with serve_gateway(make_fleet(urls), make_tenants()) as g, g.client() as c:
@@ -187,7 +201,7 @@ async def test_failure_before_first_byte_is_retried_on_another_worker(
     bad, good = await upstreams(2)
     bad.mode = mode
     fleet = make_fleet([bad.url, good.url])
-    settings = {"first_byte_timeout_s": 0.3, "request_timeout_s": 0.3, "eject_after_failures": 100}
+    settings: dict[str, Any] = {"first_byte_timeout_s": 0.3, "request_timeout_s": 0.3, "eject_after_failures": 100}
     async with serve_gateway(fleet, make_tenants(), **settings) as g, g.client() as c:
         for _ in range(20):  # the router's tie-break is random: go on until the bad worker was tried
             r = await c.post("/v1/chat/completions", json={**CHAT, "stream": stream})
@@ -230,6 +244,7 @@ async def test_failure_mid_stream_ends_with_error_event_and_done(upstreams: Star
         assert len(w.bodies) == 1  # never retried after the first byte
         await g.gw.ledger.idle()
         assert [rec.status for rec in (await g.store.usage("alpha", since=0, until=1e12)).records] == ["error"]
+        assert _error_counts((await c.get("/metrics")).text) == {"api_error": 1.0}
 
 
 async def test_idle_stream_times_out_with_error_event(upstreams: StartUpstreams) -> None:

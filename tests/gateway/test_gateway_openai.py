@@ -10,17 +10,19 @@ from pathlib import Path
 import openai
 import pytest
 import yaml
-from _net import free_port
-from gateway_harness import KEYS, MODEL, RunningGateway, make_fleet, make_tenants, serve_gateway
+from openai.types.chat import ChatCompletionMessageParam
 
+from bench.procs import free_port
 from fleet.config import CommonSettings
 from gearshift.cli.up import DEMO_KEY, banner, build_components, gateway_components, run_components
 from workers.sim.server import SimServer
 from workers.sim.settings import SimWorkerSettings
 
+from .harness import KEYS, MODEL, RunningGateway, make_fleet, make_tenants, serve_gateway
+
 SPEEDUP = 500.0
 """Simulated seconds per real second: a 32-token answer takes milliseconds."""
-MESSAGES = [{"role": "user", "content": "Say something."}]
+MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Say something."}]
 
 
 @pytest.fixture

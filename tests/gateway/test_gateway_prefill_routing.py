@@ -7,13 +7,13 @@ import contextlib
 import random
 
 import pytest
-from fake_upstream import Mode, StartUpstreams
-from gateway_harness import MODEL, eventually, make_fleet, make_tenants, serve_gateway
 
 from fleet.config import SpeculationPreference, TierConfig
 from gateway.pool import WorkerView
 from gateway.routing import DEFAULT_PREFILL_TOKENS_PER_SLOT, QueueScorer, RouteContext, default_router
 from gateway.settings import GatewaySettings
+
+from .harness import MODEL, Mode, StartUpstreams, eventually, make_fleet, make_tenants, serve_gateway
 
 INTERACTIVE = TierConfig(priority=0, tpot_target_s=0.05, speculation=SpeculationPreference.SPEED)
 CTX = RouteContext(model=MODEL, tier=INTERACTIVE, now=1000.0)
@@ -29,11 +29,10 @@ async def test_a_new_request_avoids_the_worker_prefilling_a_huge_prompt() -> Non
     router = default_router(weight_queue=1.0, weight_kv=0.5, weight_speculation=2.0, rng=random.Random(1))
     busy, idle = two_workers()
     busy.in_flight, idle.in_flight = 1, 2  # by request count alone `busy` is the less loaded one
-    busy.begin_prefill(150_000)
-    idle.begin_prefill(3_000)
+    busy.prefill_tokens, idle.prefill_tokens = 150_000, 3_000
     decision = await router.route(CTX, [busy, idle])
     assert [w.id for w in decision.ranked] == [idle.id, busy.id]
-    busy.end_prefill(150_000)  # prefill done: the request count decides again
+    busy.prefill_tokens = 0  # prefill done: the request count decides again
     decision = await router.route(CTX, [busy, idle])
     assert [w.id for w in decision.ranked] == [busy.id, idle.id]
 
@@ -42,17 +41,12 @@ async def test_queue_score_counts_prompt_tokens_per_slot() -> None:
     a, b = two_workers()
     slots = a.config.max_num_seqs
     a.in_flight = 2
-    a.begin_prefill(3 * 512)
+    a.prefill_tokens = 3 * 512
     scores = await QueueScorer(prefill_tokens_per_slot=512)(CTX, [a, b])
     assert scores == pytest.approx([1.0 - 5 / slots, 1.0])
 
 
-def test_prefill_release_never_goes_negative_and_rejects_a_bad_budget() -> None:
-    a, _ = two_workers()
-    a.begin_prefill(100)
-    a.end_prefill(100)
-    a.end_prefill(100)
-    assert a.prefill_tokens == 0
+def test_the_queue_scorer_rejects_a_bad_budget() -> None:
     with pytest.raises(ValueError, match="prefill_tokens_per_slot"):
         QueueScorer(prefill_tokens_per_slot=0)
 

@@ -7,8 +7,8 @@ from urllib.parse import urlsplit
 
 import orjson
 import pytest
-from fake_upstream import StartUpstreams
-from gateway_harness import MODEL, RunningGateway, make_fleet, make_tenants, serve_gateway
+
+from .harness import MODEL, RunningGateway, StartUpstreams, make_fleet, make_tenants, serve_gateway
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 

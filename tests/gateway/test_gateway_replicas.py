@@ -5,14 +5,15 @@ from __future__ import annotations
 import contextlib
 import uuid
 from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx
 import pytest
-from fake_upstream import Mode, StartUpstreams
-from gateway_harness import ADMIN_KEY, MODEL, RunningGateway, make_fleet, make_tenants, serve_gateway
 
 from fleet.config import FleetConfig, TenantsConfig
 from fleet.store.redis import RedisStore
+
+from .harness import ADMIN_KEY, MODEL, Mode, RunningGateway, StartUpstreams, make_fleet, make_tenants, serve_gateway
 
 pytestmark = pytest.mark.redis
 
@@ -21,7 +22,7 @@ CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_to
 
 @contextlib.asynccontextmanager
 async def two_replicas(
-    redis_url: str, fleet: FleetConfig, tenants: TenantsConfig, **settings: object
+    redis_url: str, fleet: FleetConfig, tenants: TenantsConfig, **settings: Any
 ) -> AsyncIterator[tuple[RunningGateway, RunningGateway]]:
     prefix = f"gs-test-{uuid.uuid4().hex[:8]}:"
     stores = [RedisStore.from_url(redis_url, prefix=prefix) for _ in range(2)]

@@ -6,8 +6,6 @@ import random
 from typing import Any
 
 import pytest
-from fake_upstream import StartUpstreams
-from gateway_harness import MODEL, eventually, make_fleet, make_tenants, serve_gateway
 
 from fleet.config import SpeculationPreference, TierConfig
 from fleet.store.protocol import WorkerState
@@ -19,6 +17,8 @@ from gateway.routing import (
     SpeculationScorer,
     default_router,
 )
+
+from .harness import MODEL, StartUpstreams, eventually, make_fleet, make_tenants, serve_gateway
 
 FAST = {"k_desired": 8, "k_applied": 8, "accepted_length": 5.0, "tpot_predicted_s": 0.012, "running": 2,
         "kv_usage": 0.1, "usd_per_mtok": 2.0}  # fmt: skip

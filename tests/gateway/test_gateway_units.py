@@ -8,7 +8,6 @@ from typing import Any
 
 import orjson
 import pytest
-from gateway_harness import KEYS, MODEL, PEPPER, make_fleet, make_tenants
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -17,13 +16,23 @@ from fleet.store.memory import MemoryStore
 from fleet.store.protocol import ApiKeyRecord, UsageRecord, WorkerState
 from gateway.admission import Admitter, reason_of
 from gateway.auth import KeyRing
-from gateway.body import parse_completion
-from gateway.errors import AuthenticationFailed, InvalidRequest, RateLimited, StoreUnavailable
+from gateway.body import BodyRules, parse_completion
+from gateway.errors import (
+    AuthenticationFailed,
+    ClientDisconnected,
+    InvalidRequest,
+    RateLimited,
+    StoreUnavailable,
+    UpstreamFailed,
+)
 from gateway.metering import LedgerWriter, request_cost
 from gateway.metrics import GatewayMetrics
-from gateway.pool import WorkerView
+from gateway.pool import WorkerPool, WorkerView
+from gateway.relay import DisconnectGuard
 from gateway.sse import StreamMeter
-from gateway.streaming import RelayResponse
+from gateway.upstream import Hold
+
+from .harness import KEYS, MODEL, PEPPER, make_fleet, make_settings, make_tenants
 
 
 # ------------------------------------------------------------------------------------------------- body
@@ -32,9 +41,9 @@ def test_upstream_body_changes_only_stream_options_and_priority() -> None:
         {"model": MODEL, "messages": [{"role": "user", "content": "abcd" * 10}], "stream": True, "max_tokens": 9,
          "stream_options": {"continuous_usage_stats": True}, "priority": -5, "vendor": {"a": 1}}
     )  # fmt: skip
-    req = parse_completion(raw, prompt_field="messages")
+    req = parse_completion(raw, prompt_field="messages", rules=BodyRules(chars_per_token=4, tokens_per_message=4))
     assert (req.model, req.stream, req.client_wants_usage, req.max_tokens) == (MODEL, True, False, 9)
-    assert req.estimated_tokens(default_max_tokens=100, chars_per_token=4, tokens_per_message=4) == 10 + 4 * 2 + 9
+    assert (req.prompt_tokens, req.reserved_tokens) == (10 + 4 * 2, 10 + 4 * 2 + 9)
     sent = orjson.loads(req.upstream_body(priority=10))
     assert sent["stream_options"] == {"continuous_usage_stats": True, "include_usage": True}
     assert sent["priority"] == 10
@@ -45,26 +54,26 @@ def test_upstream_body_changes_only_stream_options_and_priority() -> None:
 def test_prompt_estimate_counts_text_parts_and_completion_prompts() -> None:
     chat = {"model": MODEL, "messages": [{"role": "user", "content": [{"type": "text", "text": "x" * 40}]}]}
     assert parse_completion(orjson.dumps(chat), prompt_field="messages").prompt_chars == 40
-    text = parse_completion(orjson.dumps({"model": MODEL, "prompt": ["ab", "cde"]}), prompt_field="prompt")
+    rules = BodyRules(default_max_tokens=64, chars_per_token=4)
+    text = parse_completion(orjson.dumps({"model": MODEL, "prompt": ["ab", "cde"]}), prompt_field="prompt", rules=rules)
     assert text.prompt_chars == 5
     # two prompts, each completed: 1 + 1 prompt tokens and 2 × 64 completion tokens
-    assert text.estimated_tokens(default_max_tokens=64, chars_per_token=4, tokens_per_message=4) == 1 + 1 + 2 * 64
+    assert text.reserved_tokens == 1 + 1 + 2 * 64
     with pytest.raises(InvalidRequest, match="prompt"):
         parse_completion(orjson.dumps({"model": MODEL}), prompt_field="prompt")
     many = {"model": MODEL, "messages": [{"role": "user", "content": "x"}] * 5}
     with pytest.raises(InvalidRequest, match="limit is 4"):
-        parse_completion(orjson.dumps(many), prompt_field="messages", max_messages=4)
+        parse_completion(orjson.dumps(many), prompt_field="messages", rules=BodyRules(max_messages=4))
 
 
 def test_every_choice_reserves_its_completion_allowance() -> None:
     body = {"model": MODEL, "messages": [{"role": "user", "content": "abcd"}], "max_tokens": 50}
+    rules = BodyRules(default_max_tokens=1, chars_per_token=4, tokens_per_message=4)
     for extra, choices in (({}, 1), ({"n": 8}, 8), ({"n": 2, "best_of": 5}, 5)):
-        req = parse_completion(orjson.dumps({**body, **extra}), prompt_field="messages")
-        assert (
-            req.estimated_tokens(default_max_tokens=1, chars_per_token=4, tokens_per_message=4) == 1 + 8 + 50 * choices
-        )
+        req = parse_completion(orjson.dumps({**body, **extra}), prompt_field="messages", rules=rules)
+        assert req.reserved_tokens == 1 + 8 + 50 * choices
     with pytest.raises(InvalidRequest, match="limit is 16"):
-        parse_completion(orjson.dumps({**body, "n": 17}), prompt_field="messages", max_n=16)
+        parse_completion(orjson.dumps({**body, "n": 17}), prompt_field="messages", rules=BodyRules(max_n=16))
     with pytest.raises(InvalidRequest, match="'n' must be a positive integer"):
         parse_completion(orjson.dumps({**body, "n": 0}), prompt_field="messages")
 
@@ -242,23 +251,54 @@ async def test_ledger_writer_retries_until_the_store_takes_the_record() -> None:
     assert metrics.loop_errors.labels(loop="ledger")._value.get() == 3
 
 
-# ------------------------------------------------------------------------------------------- streaming
-async def test_relay_response_reports_a_body_that_never_started() -> None:
-    started, unfinished = [], []
+# ------------------------------------------------------------------------------------------------ hold
+def _pool(metrics: GatewayMetrics) -> WorkerPool:
+    clock = ManualClock()
+    fleet = make_fleet(["http://127.0.0.1:1"])
+    settings = make_settings(eject_after_failures=2)
+    return WorkerPool(fleet=fleet, store=MemoryStore(clock=clock), clock=clock, settings=settings, metrics=metrics)
 
-    async def body() -> Any:
-        started.append(True)
-        yield b"data: x\n\n"
 
+async def test_a_hold_counts_its_request_until_it_closes_and_then_reports_the_outcome() -> None:
+    metrics = GatewayMetrics()
+    pool = _pool(metrics)
+    view, gauge = pool.views["w0"], metrics.in_flight.labels(worker="w0")
+    view.failures = 1
+    async with Hold(view, prompt_tokens=100, attempts=1, pool=pool, gauge=gauge) as hold:
+        assert (view.in_flight, view.prefill_tokens, gauge._value.get()) == (1, 100, 1)
+        hold.answered(b"data: x\n\n")  # the first byte: prefill done
+        assert (view.in_flight, view.prefill_tokens) == (1, 0)
+        hold.ok = True
+    assert (view.in_flight, view.prefill_tokens, gauge._value.get(), view.failures) == (0, 0, 0, 0)
+
+    refused = Hold(view, prompt_tokens=50, attempts=1, pool=pool, gauge=gauge)
+    refused.failure, refused.refused = UpstreamFailed("connection refused"), True
+    await refused.close()  # released before the first byte: its prefill goes too
+    assert (view.in_flight, view.prefill_tokens, view.healthy, view.failures) == (0, 0, False, 1)
+
+
+async def test_a_hold_cut_short_reports_nothing() -> None:
+    metrics = GatewayMetrics()
+    pool = _pool(metrics)
+    view = pool.views["w0"]
+    with pytest.raises(asyncio.CancelledError):
+        async with Hold(view, prompt_tokens=10, attempts=1, pool=pool, gauge=metrics.in_flight.labels(worker="w0")):
+            raise asyncio.CancelledError
+    assert (view.in_flight, view.prefill_tokens, view.failures, view.healthy) == (0, 0, 0, True)
+
+
+# ------------------------------------------------------------------------------------------- disconnect
+async def test_a_disconnect_raises_before_the_answer_and_ends_the_call_quietly_after_it_started() -> None:
     async def disconnected() -> dict[str, Any]:
         return {"type": "http.disconnect"}
 
-    async def slow_send(message: dict[str, Any]) -> None:
-        await asyncio.sleep(1)  # the client is gone before the headers are out
+    async def wait_forever() -> None:
+        await asyncio.Event().wait()
 
-    response = RelayResponse(body(), on_unfinished=lambda: unfinished.append(True))
-    scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}}
     async with asyncio.timeout(5):
-        await response(scope, disconnected, slow_send)
-    assert started == []
-    assert unfinished == [True]
+        with pytest.raises(ClientDisconnected), DisconnectGuard(disconnected, arm_after_s=0.0):
+            await wait_forever()
+        with DisconnectGuard(disconnected, arm_after_s=0.0) as guard:
+            guard.answering = True
+            await wait_forever()
+    assert guard.fired

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from _net import free_port, wait_for_port
 from typer.testing import CliRunner
 
+from bench.procs import start_sim
 from fleet.perf import load_profile
 from gearshift.cli.app import app
 
@@ -22,21 +19,13 @@ pytestmark = pytest.mark.timeout(60)
 
 @pytest.fixture(scope="module")
 def sim_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """``gearshift sim serve`` (Kimi K3 profile, k_max 8) at 5× real time on a free port."""
-    port = free_port()
-    env = {**os.environ, "GEARSHIFT_CONTROL_TOKEN": CONTROL_TOKEN}
-    gearshift = str(Path(sys.executable).with_name("gearshift"))
-    argv = [gearshift, "sim", "serve", "--port", str(port), "--speedup", "5"]
-    log = tmp_path_factory.mktemp("sim") / "sim.log"
-    with log.open("wb") as sink:
-        proc = subprocess.Popen(argv, env=env, stdout=sink, stderr=subprocess.STDOUT)
+    """``gearshift sim serve`` (Kimi K3 profile, k_max 7) at 5× real time on a free port."""
+    env = {"GEARSHIFT_CONTROL_TOKEN": CONTROL_TOKEN}
+    proc = start_sim("profiled", log_dir=tmp_path_factory.mktemp("sim"), speedup=5.0, env=env, timeout_s=20.0)
     try:
-        if not wait_for_port(port, timeout_s=20.0, alive=lambda: proc.poll() is None):
-            pytest.fail(f"gearshift sim serve did not start:\n{log.read_text()}")
-        yield f"http://127.0.0.1:{port}"
+        yield proc.url
     finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+        proc.stop(timeout_s=10.0)
 
 
 def invoke(*args: str) -> tuple[int, str, str]:
@@ -53,7 +42,7 @@ def test_profile_writes_a_loadable_profile(sim_url: str, tmp_path: Path) -> None
     assert err.count("B=") == 9
     profile = load_profile(out)
     assert profile.name == "sim-profile"
-    assert profile.drafter.k_max == 8
+    assert profile.drafter.k_max == 7
     assert profile.default_workload == "measured"
     assert len(profile.acceptance["measured"].base) == 4
 
@@ -61,7 +50,7 @@ def test_profile_writes_a_loadable_profile(sim_url: str, tmp_path: Path) -> None
 def test_a_k_above_the_workers_k_max_is_refused_by_name(sim_url: str) -> None:
     code, _, err = invoke("--worker", sim_url, "--ks", "0,9")
     assert code == 1
-    assert "ks: [9] exceed the worker's k_max 8" in err
+    assert "ks: [9] exceed the worker's k_max 7" in err
 
 
 def test_malformed_lists_are_usage_errors() -> None:

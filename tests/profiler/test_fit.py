@@ -1,20 +1,22 @@
-"""Unit tests of the fit, the acceptance estimate and the /metrics parsing (no server)."""
+"""Unit tests of the fit and the acceptance estimate (no server)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 import pytest
 
 from bench.profiler.fit import fit_step_time, fitted_profile, measured_acceptance, nonnegative_lstsq, shape_of
-from bench.profiler.snapshot import Snapshot, parse_snapshot
 from bench.profiler.sweep import Point
 from fleet.perf import Profile, load_profile, step_time
+from fleet.scrape import WorkerScrape
 
 BASE = load_profile("kimi-k3-dspark-tp16")
 
 
-def synthetic_point(profile: Profile, batch: int, k: int, context: float = 500.0, **window: object) -> Point:
-    point = Point(batch, k, 0.0, 10, float(batch), context, Snapshot(**window))  # type: ignore[arg-type]
+def synthetic_point(profile: Profile, batch: int, k: int, context: float = 500.0, **window: Any) -> Point:
+    point = Point(batch, k, 0.0, 10, float(batch), context, WorkerScrape(**window))
     t = step_time(profile, shape_of(point)).total_s
     return Point(batch, k, t, 10, float(batch), context, point.window)
 
@@ -30,7 +32,9 @@ def test_nonnegative_lstsq_drops_a_column_that_would_go_negative() -> None:
 def test_a_profile_with_other_costs_is_recovered_from_its_own_step_times() -> None:
     other = BASE.model_copy(
         update={
-            "target": BASE.target.model_copy(update={"step_overhead_s": 2e-3, "comm_s_per_token": 3e-4}),
+            "target": BASE.target.model_copy(
+                update={"step_overhead_s": 2e-3, "comm_s_per_token": 3e-4, "state_bytes_per_seq": 0.0}
+            ),
             "drafter": BASE.drafter.model_copy(update={"fixed_s": 4e-3, "per_position_s": 5e-5}),
         }
     )
@@ -58,26 +62,3 @@ def test_acceptance_is_made_conditional_per_position_at_the_largest_k() -> None:
     assert accepted is not None
     assert accepted.base == (0.8, 0.5)
     assert measured_acceptance([synthetic_point(BASE, 4, 0)]) is None
-
-
-def test_snapshot_reads_vllm_names_and_differences() -> None:
-    text = "\n".join(
-        [
-            "# TYPE vllm:iteration_tokens_total histogram",
-            'vllm:iteration_tokens_total_count{engine="0",model_name="m"} 12.0',
-            'vllm:iteration_tokens_total_sum{engine="0",model_name="m"} 40.0',
-            "# TYPE vllm:inter_token_latency_seconds histogram",
-            'vllm:inter_token_latency_seconds_sum{engine="0",model_name="m"} 0.5',
-            'vllm:inter_token_latency_seconds_count{engine="0",model_name="m"} 24.0',
-            "# TYPE vllm:spec_decode_num_accepted_tokens_per_pos counter",
-            'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="1"} 3.0',
-            'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="0"} 5.0',
-            "# TYPE vllm:num_requests_running gauge",
-            'vllm:num_requests_running{engine="0",model_name="m"} 2.0',
-        ]
-    )
-    snap = parse_snapshot(text + "\n")
-    assert (snap.steps, snap.itl_sum_s, snap.itl_count, snap.running) == (12.0, 0.5, 24.0, 2.0)
-    assert snap.accepted_per_pos == (5.0, 3.0)
-    delta = snap - Snapshot(steps=2.0, accepted_per_pos=(1.0,))
-    assert (delta.steps, delta.accepted_per_pos, delta.running) == (10.0, (4.0, 3.0), 2.0)

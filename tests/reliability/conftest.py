@@ -9,9 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from rel_types import StartRedis, StartSims
 
-from bench.soak.procs import Proc, start_redis, start_sim
+from bench.procs import Proc, start_redis, start_sim
+
+from .rel_types import StartRedis, StartSims
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ from fleet.config import FleetConfig, TenantsConfig, key_digest
 from fleet.store.memory import MemoryStore
 from fleet.store.protocol import Store
 from gateway.core import Gateway
-from gateway.serve import GatewayServer
+from gateway.http.serve import GatewayServer
 from gateway.settings import GatewaySettings
 
 PEPPER = "rel-pepper-3f9c"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-from bench.soak.procs import Proc
+from bench.procs import Proc
 
 StartSims = Callable[..., Awaitable[list[Proc]]]
 """``await sims(n, speedup=…)``: start ``n`` simulated worker processes."""

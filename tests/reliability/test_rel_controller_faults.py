@@ -13,12 +13,13 @@ from typing import Any
 
 import httpx
 import pytest
-from rel_chaos import ChaosProxy, Mode
-from rel_harness import eventually, fleet_of, write_env
-from rel_types import StartRedis, StartSims
 
-from bench.soak.procs import Proc, free_port, start_controller
+from bench.procs import Proc, free_port, start_controller
 from fleet.store.redis import RedisStore
+
+from .rel_chaos import ChaosProxy, Mode
+from .rel_harness import eventually, fleet_of, write_env
+from .rel_types import StartRedis, StartSims
 
 pytestmark = pytest.mark.redis
 

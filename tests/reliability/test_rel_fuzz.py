@@ -4,6 +4,7 @@ gateway's OpenAPI schema plus hypothesis-generated hostile chat bodies (``gearsh
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -35,7 +36,9 @@ def test_the_fuzz_oracle_flags_server_errors_and_non_openai_error_bodies(status:
 
 
 def test_completion_bodies_are_added_only_where_the_schema_has_none() -> None:
-    doc = {"paths": {"/v1/chat/completions": {"post": {}}, "/v1/completions": {"post": {"requestBody": {"x": 1}}}}}
+    doc: dict[str, Any] = {
+        "paths": {"/v1/chat/completions": {"post": {}}, "/v1/completions": {"post": {"requestBody": {"x": 1}}}}
+    }
     out = with_completion_bodies(doc)
     assert (
         out["paths"]["/v1/chat/completions"]["post"]["requestBody"]["content"]["application/json"]["schema"]

@@ -4,25 +4,18 @@ within its grace period, and exits 0."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import signal
-import socket
 import time
 from pathlib import Path
 
 import aiohttp
-from rel_harness import KEYS, chat, fleet_of, write_env
-from rel_types import StartSims
 
+from bench.procs import Proc, port_open, start_gateway, wait_until
 from bench.soak.client import StreamResult, stream_chat
-from bench.soak.procs import Proc, start_gateway
 
-
-def _accepts(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            return True
-    except OSError:
-        return False
+from .rel_harness import KEYS, chat, fleet_of, write_env
+from .rel_types import StartSims
 
 
 async def test_sigterm_stops_accepting_finishes_in_flight_streams_and_exits_0(
@@ -47,7 +40,8 @@ async def test_sigterm_stops_accepting_finishes_in_flight_streams_and_exits_0(
         await asyncio.wait_for(streaming.wait(), timeout=20)
         gateway.send(signal.SIGTERM)
         term_at = time.monotonic()
-        refused = await asyncio.to_thread(_wait_refusing, gateway.port, 3.0)
+        refuses = functools.partial(_refuses, gateway.port)
+        refused = await asyncio.to_thread(wait_until, refuses, timeout_s=3.0)
         results = await asyncio.gather(*flights)
         code = await asyncio.to_thread(gateway.popen.wait, 15)
     assert refused, "the gateway still accepted connections after SIGTERM"
@@ -59,10 +53,5 @@ async def test_sigterm_stops_accepting_finishes_in_flight_streams_and_exits_0(
     assert "Application shutdown complete" in gateway.log_tail()
 
 
-def _wait_refusing(port: int, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if not _accepts(port):
-            return True
-        time.sleep(0.02)
-    return False
+def _refuses(port: int) -> bool:
+    return not port_open(port)

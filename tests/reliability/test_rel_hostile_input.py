@@ -10,11 +10,12 @@ from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
-from rel_harness import KEYS, MODEL, LiveGateway, chat, eventually, fleet_of, live_gateway
 
+from bench.procs import Proc
 from bench.soak.client import stream_chat
 from bench.soak.probe import established
-from bench.soak.procs import Proc
+
+from .rel_harness import KEYS, MODEL, LiveGateway, chat, eventually, fleet_of, live_gateway
 
 LIMIT = 64 * 1024
 AUTH = {"authorization": f"Bearer {KEYS['alpha']}", "content-type": "application/json"}

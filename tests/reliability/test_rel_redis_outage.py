@@ -9,12 +9,13 @@ import time
 
 import aiohttp
 import pytest
-from rel_harness import KEYS, chat, eventually, fleet_of, live_gateway, tenants_of
-from rel_types import StartRedis, StartSims
 
+from bench.procs import start_redis
 from bench.soak.client import StreamResult, stream_chat
-from bench.soak.procs import start_redis
 from fleet.store.redis import RedisStore
+
+from .rel_harness import KEYS, chat, eventually, fleet_of, live_gateway, tenants_of
+from .rel_types import StartRedis, StartSims
 
 pytestmark = pytest.mark.redis
 

@@ -10,12 +10,13 @@ from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
-from rel_harness import KEYS, LiveGateway, chat, fleet_of, live_gateway, tenants_of
 
+from bench.procs import Proc
 from bench.soak.client import StreamResult, stream_chat
-from bench.soak.procs import Proc
 from fleet.config import FleetConfig, TenantsConfig
 from fleet.store.redis import RedisStore
+
+from .rel_harness import KEYS, LiveGateway, chat, fleet_of, live_gateway, tenants_of
 
 pytestmark = pytest.mark.redis
 

@@ -12,12 +12,13 @@ import aiohttp
 import httpx
 import orjson
 import pytest
-from rel_chaos import ChaosProxy, Mode
-from rel_harness import KEYS, chat, eventually, fleet_of, live_gateway, tenants_of
-from rel_types import StartSims
 
 from bench.soak.client import StreamResult, stream_chat
-from fleet.store.protocol import UsageRecord
+from fleet.store.protocol import Store, UsageRecord
+
+from .rel_chaos import ChaosProxy, Mode
+from .rel_harness import KEYS, chat, eventually, fleet_of, live_gateway, tenants_of
+from .rel_types import StartSims
 
 
 @pytest.fixture
@@ -26,8 +27,8 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
         yield session
 
 
-async def _records(store: object, tenant: str = "alpha") -> list[UsageRecord]:
-    totals = await store.usage(tenant, since=0, until=time.time() + 60, limit=10_000)  # type: ignore[attr-defined]
+async def _records(store: Store, tenant: str = "alpha") -> list[UsageRecord]:
+    totals = await store.usage(tenant, since=0, until=time.time() + 60, limit=10_000)
     return list(totals.records)
 
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
-from collections.abc import Callable
 from types import TracebackType
 
 import httpx
@@ -64,13 +62,3 @@ def metric_value(http: httpx.Client, base_url: str, sample_name: str, **labels: 
             if s.name == sample_name and all(s.labels.get(k) == v for k, v in labels.items()):
                 return float(s.value)
     raise KeyError(sample_name)
-
-
-def wait_until(predicate: Callable[[], bool], *, timeout_s: float = 10.0, interval_s: float = 0.02) -> None:
-    """Poll ``predicate`` until it holds; fail after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(interval_s)
-    raise AssertionError(f"condition not met within {timeout_s} s")

@@ -1,4 +1,6 @@
-"""The default profile reproduces every published figure (DESIGN §1) within ±10 % in virtual time."""
+"""Every shipped profile reproduces its own figures file in virtual time: the default the launch figures
+(DESIGN §1, ±10 %), the MI355X profile its vLLM benchmark (ratios ±10 %, DSpark throughput ±15 %) and the
+public acceptance lengths."""
 
 from __future__ import annotations
 
@@ -8,21 +10,31 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from fleet.perf import load_profile
+from fleet.perf import Profile, load_profile
 from gearshift.cli.sim import sim_app as app
 from workers.sim.arrivals import Lengths, WorkloadMix
 from workers.sim.crossover import BestKRow, CrossoverRow, best_k_rows, crossover_rows
-from workers.sim.figures import (
-    GENERAL_MIX,
-    TOLERANCE,
-    FigureResult,
+from workers.sim.figure_files import (
+    BenchmarkFigures,
+    ServingSweepFigure,
+    figures_path,
+    load_figures_file,
     load_seed_figures,
     seed_figures_path,
-    simulate_figures,
 )
+from workers.sim.figures import GENERAL_MIX, FigureResult, simulate_figures
 
 SHARED_FIGURES = Path(__file__).resolve().parents[2] / ".." / "shared" / "calibration" / "seed_figures.yaml"
-PROFILE = load_profile("kimi-k3-dspark-tp16")
+PROFILE_DIR = Path(__file__).resolve().parents[2] / "fleet" / "profiles"
+DEFAULT, MI355X = "kimi-k3-dspark-tp16", "kimi-k3-dspark-mi355x-tp8"
+PROFILE = load_profile(DEFAULT)
+AMD = load_profile(MI355X)
+
+
+@pytest.fixture(scope="module", params=[DEFAULT, MI355X])
+def profile_results(request: pytest.FixtureRequest) -> tuple[Profile, list[FigureResult]]:
+    profile = load_profile(request.param)
+    return profile, simulate_figures(profile)
 
 
 @pytest.fixture(scope="module")
@@ -30,16 +42,22 @@ def results() -> dict[str, FigureResult]:
     return {r.figure: r for r in simulate_figures(PROFILE)}
 
 
-def published_values() -> list[float]:
-    """Every number under ``figures`` in the YAML, read independently of the figures module's parser."""
-    raw = yaml.safe_load(seed_figures_path().read_text())
+def published_values(path: Path) -> list[float]:
+    """Every published number of a figures file, read independently of the figures module's parser."""
+    raw = yaml.safe_load(path.read_text())
     values: list[float] = []
     for fig in raw["figures"]:
-        for key, value in fig.items():
-            if isinstance(value, dict):
-                values.extend(float(v) for v in value.values())
-            elif isinstance(value, int | float) and key != "concurrency":
-                values.append(float(value))
+        for point in fig.get("points", [fig]):
+            for key, value in point.items():
+                if isinstance(value, dict):
+                    values.extend(float(v) for v in value.values() if isinstance(v, int | float))
+                elif (
+                    isinstance(value, int | float)
+                    and not isinstance(value, bool)
+                    and key not in ("concurrency", "k", "max_num_seqs")
+                    and not key.endswith("tolerance")
+                ):
+                    values.append(float(value))
     return values
 
 
@@ -51,28 +69,56 @@ def test_packaged_figures_are_the_shared_ones() -> None:
         assert packaged == SHARED_FIGURES.read_bytes(), "fleet/profiles/calibration/seed_figures.yaml is stale"
 
 
-def test_every_published_figure_has_a_scenario(results: dict[str, FigureResult]) -> None:
-    assert sorted(r.published for r in results.values()) == sorted(published_values())
-    assert len(results) == 5
+def test_each_profile_names_its_own_figures_file() -> None:
+    assert figures_path(PROFILE) == seed_figures_path()
+    assert figures_path(AMD).name == f"{MI355X}.yaml"
+    amd = load_figures_file(figures_path(AMD))
+    assert isinstance(amd, BenchmarkFigures)
+    (sweep,) = [f for f in amd.figures if isinstance(f, ServingSweepFigure)]
+    assert sweep.max_num_seqs == AMD.serving.max_num_seqs, "the benchmark ran the recipe's max_num_seqs"
+    assert sweep.k == AMD.drafter.k_max
+    assert (sweep.workload.dataset, sweep.workload.input_tokens, sweep.workload.output_tokens) == ("random", 1024, 128)
 
 
-@pytest.mark.parametrize("index", range(5))
-def test_figure_is_reproduced_within_tolerance(results: dict[str, FigureResult], index: int) -> None:
-    result = sorted(results.values(), key=lambda r: r.figure)[index]
-    assert abs(result.simulated - result.published) <= TOLERANCE * result.published, (
-        f"{result.figure}: published {result.published}, simulated {result.simulated:.3f} "
-        f"({result.error:+.1%}, tolerance ±{TOLERANCE:.0%})"
-    )
+def test_every_published_figure_has_a_scenario(profile_results: tuple[Profile, list[FigureResult]]) -> None:
+    profile, results = profile_results
+    published = sorted(r.published for r in results if r.unit != "ratio")
+    assert published == pytest.approx(sorted(published_values(figures_path(profile))))
+
+
+def test_every_asserted_figure_is_reproduced_within_its_tolerance(
+    profile_results: tuple[Profile, list[FigureResult]],
+) -> None:
+    profile, results = profile_results
+    asserted = [r for r in results if r.asserted]
+    assert len(asserted) >= 5
+    misses = [f"{r.figure}: {r.published} vs {r.simulated:.3f} ({r.error:+.1%})" for r in asserted if not r.passed]
+    assert not misses, f"{profile.name}: {misses}"
+
+
+def test_the_mi355x_concurrency_4_point_and_no_speculation_figures_are_reported_not_asserted() -> None:
+    results = simulate_figures(AMD)
+    reported = {r.figure for r in results if not r.asserted}
+    assert all("concurrency 4" in name or name.endswith("k=0") for name in reported)
+    assert sum("concurrency 4" in name for name in reported) == 3
+    assert all(r.passed is None for r in results if not r.asserted)
+    ratio_32 = next(r for r in results if r.figure.endswith("concurrency 32, random 1024/128, k=7 / k=0"))
+    assert ratio_32.asserted
+    assert abs(ratio_32.simulated - 1.0) < 0.1, "speculation is near break-even at 32"
 
 
 def test_speculation_beats_no_speculation_for_a_single_maths_stream(results: dict[str, FigureResult]) -> None:
+    k_max = PROFILE.drafter.k_max
     by_k = {
-        k: r.simulated for name, r in results.items() for k in (0, 8) if name.startswith(f"single_stream_math: k={k}")
+        k: r.simulated
+        for name, r in results.items()
+        for k in (0, k_max)
+        if name.startswith(f"single_stream_math: k={k},")
     }
-    assert by_k[8] > 3 * by_k[0]
+    assert by_k[k_max] > 3 * by_k[0]
 
 
-def test_seed_figures_file_parses_and_rejects_unknown_keys(tmp_path: Path) -> None:
+def test_figures_files_parse_and_reject_unknown_keys(tmp_path: Path) -> None:
     figures = load_seed_figures()
     assert {f.id for f in figures.figures} == {"single_stream_math", "concurrency_sweep", "long_context_iteration"}
     raw = yaml.safe_load(seed_figures_path().read_text())
@@ -81,32 +127,50 @@ def test_seed_figures_file_parses_and_rejects_unknown_keys(tmp_path: Path) -> No
     bad.write_text(yaml.safe_dump(raw))
     with pytest.raises(ValueError, match=r"figures\[0\].*surprise"):
         load_seed_figures(bad)
+    raw = yaml.safe_load(figures_path(AMD).read_text())
+    raw["figures"][0]["points"][1]["surprise"] = 1
+    bad.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ValueError, match=r"points.*surprise"):
+        load_figures_file(bad)
 
 
-def test_figures_command_prints_the_table_and_fails_on_a_miss(tmp_path: Path) -> None:
-    runner = CliRunner()
-    ok = runner.invoke(app, ["figures"])
+@pytest.mark.parametrize(("name", "passes"), [(DEFAULT, 5), (MI355X, 6)])
+def test_figures_command_checks_a_profile_against_its_own_file(name: str, passes: int) -> None:
+    ok = CliRunner().invoke(app, ["figures", "--profile", name])
     assert ok.exit_code == 0, ok.output
-    assert ok.output.count("PASS") == 5
-    slow = PROFILE.model_dump(mode="json")
+    assert ok.output.count("PASS") == passes
+    assert "FAIL" not in ok.output
+    assert ok.output.count("reported, not asserted") == (0 if name == DEFAULT else 5)
+
+
+def test_figures_command_fails_on_a_miss_of_a_custom_profile_file(tmp_path: Path) -> None:
+    slow = AMD.model_dump(mode="json")
     slow["target"]["step_overhead_s"] *= 2
     path = tmp_path / "slow.yaml"
     path.write_text(yaml.safe_dump(slow))
-    miss = runner.invoke(app, ["figures", "--profile", str(path)])
+    miss = CliRunner().invoke(app, ["figures", "--profile", str(path)])
     assert miss.exit_code == 1
     assert "FAIL" in miss.output
+    assert "reported, not asserted" in miss.output
 
 
-def test_k8_pays_alone_and_stops_paying_under_load() -> None:
+def test_k_max_pays_alone_and_gains_less_under_load() -> None:
     maths = WorkloadMix.single("maths", Lengths(300), Lengths(1200))
     rows = {r.name: r for r in crossover_rows(PROFILE, {"mix": GENERAL_MIX, "maths": maths})}
     mix = rows["mix"]
     assert mix.batches[0] == 1
     assert mix.speedups[0] > 1.3, "speculation helps a lone stream of the general mix"
-    assert mix.speedups[-1] < 1.0, "and hurts it with a full batch"
-    assert mix.loses_from is not None
+    assert mix.speedups[-1] < mix.speedups[0] / 2, "and far less with a full batch"
     assert rows["maths"].speedups[0] > mix.speedups[0]
     assert rows["maths"].tokens_per_step > mix.tokens_per_step
+
+
+def test_random_tokens_stop_paying_at_k_max_from_32_streams_on_the_mi355x() -> None:
+    random = WorkloadMix.single("random", Lengths(1024), Lengths(128))
+    (row,) = crossover_rows(AMD, {"random": random})
+    assert row.loses_from is not None
+    assert row.loses_from <= 32
+    assert row.speedups[0] > 2.0
 
 
 def test_loses_from_is_the_start_of_the_final_losing_run() -> None:
@@ -122,19 +186,30 @@ def _classes() -> dict[str, WorkloadMix]:
     return {w: WorkloadMix.single(w, Lengths(1000), Lengths(500)) for w in PROFILE.acceptance}
 
 
-def test_best_k_shrinks_with_load_for_every_class() -> None:
-    rows = {r.name: r for r in best_k_rows(PROFILE, {"mix": GENERAL_MIX, **_classes()})}
-    assert rows["maths"].best_k[0] == PROFILE.drafter.k_max, "a lone maths stream drafts all it can"
-    assert rows["chat"].best_k[0] < rows["maths"].best_k[0]
+@pytest.mark.parametrize("profile", [PROFILE, AMD], ids=[DEFAULT, MI355X])
+def test_best_k_shrinks_with_load_for_every_class(profile: Profile) -> None:
+    rows = {r.name: r for r in best_k_rows(profile, {"mix": GENERAL_MIX, **_classes()})}
+    assert rows["maths"].best_k[0] == profile.drafter.k_max, "a lone maths stream drafts all it can"
+    assert rows["random"].best_k[0] < rows["chat"].best_k[0] <= rows["maths"].best_k[0]
     for row in rows.values():
         assert row.best_k[-1] < row.best_k[0], f"{row.name}: the best k falls from batch 1 to a full batch"
         assert all(g >= 1.0 for g in row.gains), "the best k is never worse than k = 0"
         assert row.gains[-1] < row.gains[0], f"{row.name}: speculation gains less under load"
 
 
+def test_the_mi355x_turns_speculation_off_for_random_tokens_inside_its_batch_and_the_default_never() -> None:
+    default = {r.name: r for r in best_k_rows(PROFILE, _classes())}
+    amd = {r.name: r for r in best_k_rows(AMD, _classes())}
+    assert all(row.off_from is None for row in default.values())
+    off = amd["random"].off_from
+    assert off is not None
+    assert off <= AMD.serving.max_num_seqs
+    assert amd["maths"].off_from is None or amd["maths"].off_from > off
+
+
 def test_k0_becomes_best_once_per_token_cost_outweighs_the_fixed_step() -> None:
-    """The crossover the controller acts on: with a token-proportional cost ~0.7 ms (what a chat crossover
-    inside 32–64 streams would need, see the profile's header) every class stops speculating."""
+    """The crossover the controller acts on: a token-proportional cost of 0.7 ms (ten times the default's
+    cross-node communication) makes chat stop speculating under load before maths does."""
     data = PROFILE.model_dump()
     data["target"] = {**data["target"], "comm_s_per_token": 7e-4, "kv_read_replicas": 1.0}
     costly = PROFILE.model_validate(data)
@@ -169,9 +244,9 @@ def _note_above(lines: list[str], index: int) -> str:
     return " ".join(block)
 
 
-def test_every_profile_parameter_says_whether_it_is_physical_or_fitted() -> None:
-    profile_file = Path(__file__).resolve().parents[2] / "fleet" / "profiles" / "kimi-k3-dspark-tp16.yaml"
-    lines = profile_file.read_text().splitlines()
+@pytest.mark.parametrize("name", [DEFAULT, MI355X])
+def test_every_profile_parameter_says_whether_it_is_physical_or_fitted(name: str) -> None:
+    lines = (PROFILE_DIR / f"{name}.yaml").read_text().splitlines()
     undocumented = []
     for i, line in enumerate(lines):
         key, sep, value = line.strip().partition(":")

@@ -42,7 +42,7 @@ def test_decoding_requests_are_scheduled_before_new_prefill_within_the_budget() 
 
 
 def test_every_request_gets_exactly_max_tokens_even_under_preemption() -> None:
-    engine = make_engine(kv_capacity_tokens=1024, schedule=((1, 256, 8),))
+    engine = make_engine(kv_capacity_tokens=1024, schedule=((1, 256, 7),))
     for i in range(6):
         engine.add(req(f"r{i}", prompt=200, max_tokens=120))
     outcomes, received = run_to_completion(engine)
@@ -134,13 +134,13 @@ def test_speculation_counters_are_consistent() -> None:
     assert sum(st.accepted_per_pos) == st.num_accepted_tokens
     pos = st.accepted_per_pos
     assert all(a >= b for a, b in itertools.pairwise(pos)), pos
-    assert pos[5:] == [0, 0, 0], "positions beyond k are never drafted"
+    assert pos[5:] == [0] * (len(pos) - 5), "positions beyond k are never drafted"
     assert st.num_drafts <= st.generation_tokens
 
 
 def test_acceptance_follows_the_workload_class() -> None:
     def mean_accepted_length(workload: str) -> float:
-        engine = make_engine(schedule=((1, 256, 8),), seed=1)
+        engine = make_engine(schedule=((1, 256, 7),), seed=1)
         for i in range(4):
             engine.add(req(f"r{i}", max_tokens=500, workload=workload))
         run_to_completion(engine)
@@ -164,13 +164,13 @@ def test_same_seed_gives_identical_runs_and_another_seed_differs() -> None:
 def test_speculation_reserves_kv_lookahead_for_the_drafts() -> None:
     def kv_after_first_decode(k: int) -> float:
         engine = make_engine(schedule=((1, 256, k),), kv_capacity_tokens=160)  # 10 blocks of 16 tokens
-        engine.add(req("r", prompt=24, max_tokens=100))
+        engine.add(req("r", prompt=25, max_tokens=100))
         step(engine)
         step(engine)
         return engine.stats.kv_usage
 
-    assert kv_after_first_decode(0) == pytest.approx(0.2)  # 24 + 1 tokens → 2 blocks
-    assert kv_after_first_decode(8) == pytest.approx(0.3)  # 24 + 1 + 8 lookahead → 3 blocks
+    assert kv_after_first_decode(0) == pytest.approx(0.2)  # 25 + 1 tokens → 2 blocks
+    assert kv_after_first_decode(7) == pytest.approx(0.3)  # 25 + 1 + 7 lookahead → 3 blocks
 
 
 def test_expired_lease_reverts_to_the_fallback_before_the_step() -> None:
@@ -206,7 +206,7 @@ def test_aborting_a_waiting_request_removes_it_from_the_queue() -> None:
 
 
 def test_finished_requests_are_reported_once_with_output_capped_at_max_tokens() -> None:
-    engine = make_engine(schedule=((1, 256, 8),), seed=2)
+    engine = make_engine(schedule=((1, 256, 7),), seed=2)
     engine.add(req("r", max_tokens=3, workload="maths"))
     outcomes, received = run_to_completion(engine)
     assert received == {"r": 3}

@@ -26,8 +26,8 @@ requests = st.lists(
 @settings(max_examples=60, deadline=None)
 @given(
     reqs=requests,
-    k_small=st.integers(0, 8),
-    k_large=st.integers(0, 8),
+    k_small=st.integers(0, 7),
+    k_large=st.integers(0, 7),
     split=st.integers(1, 8),
     max_num_seqs=st.integers(1, 8),
     kv_blocks=st.integers(30, 200),
@@ -63,7 +63,7 @@ def test_every_request_completes_and_the_counters_agree(
     s = engine.stats
     assert s.generation_tokens == sum(r[1] for r in reqs)
     assert s.prompt_tokens == sum(r[0] for r in reqs)
-    assert s.num_accepted_tokens <= s.num_draft_tokens <= 8 * s.num_drafts
+    assert s.num_accepted_tokens <= s.num_draft_tokens <= 7 * s.num_drafts
     assert sum(s.accepted_per_pos) == s.num_accepted_tokens
     assert all(a >= b for a, b in itertools.pairwise(s.accepted_per_pos))
     assert (s.running, s.waiting, s.kv_usage) == (0, 0, 0.0)

@@ -77,7 +77,7 @@ async def test_fleet_workers_serve_streaming_chat_and_their_own_settings(fleet_s
                 json={"k": 2, "version": 1},
                 headers={"Authorization": "Bearer fleet-token"},
             )
-        assert (a["k_max"], a["schedule"]) == (8, [[1, 32, 8]])
+        assert (a["k_max"], a["schedule"]) == (7, [[1, 32, 7]])
         assert (b["k_max"], b["schedule"]) == (4, [[1, 256, 4]])
         assert put.status_code == 200, "the fleet's control token comes from the common settings"
     finally:

@@ -11,9 +11,17 @@ from fleet.clock import ManualClock
 from workers.sim.driver import Delivery, RealTimeDriver
 from workers.sim.engine import EngineCore, StepOutcome
 from workers.sim.generation import ChoiceDelta, EngineFailed, Generation, GenerationSpec, PromptSpec
-from workers.sim.text import TextStream, count_chat_tokens, count_text_tokens, pseudo_eos_length, text_seed
+from workers.sim.text import (
+    TextStream,
+    choice_seed,
+    count_chat_tokens,
+    count_text_tokens,
+    pseudo_eos_length,
+    text_seed,
+)
 
 from .engine_helpers import make_engine, req
+from .sse_helpers import simulated_tokens
 
 
 @pytest.fixture
@@ -25,18 +33,28 @@ async def driver() -> AsyncIterator[RealTimeDriver]:
     await d.stop()
 
 
-def spec(*, stops: list[str] | None = None, n: int = 1, max_tokens: int = 40, eos: int | None = None) -> GenerationSpec:
+def spec(
+    *,
+    stops: list[str] | None = None,
+    n: int = 1,
+    max_tokens: int = 40,
+    eos: int | None = None,
+    temperature: float | None = None,
+    worker_seed: int = 0,
+) -> GenerationSpec:
     return GenerationSpec(
+        model="kimi-k3",
         prompts=[PromptSpec("prompt", 10)],
         n=n,
         max_tokens=[max_tokens],
         stops=stops or [],
         workload="chat",
         priority=0,
+        temperature=temperature,
         request_seed=1,
         ignore_eos=False,
         eos_mean_tokens=eos,
-        worker_seed=0,
+        worker_seed=worker_seed,
     )
 
 
@@ -65,6 +83,54 @@ async def test_text_is_deterministic_and_finishes_with_length(driver: RealTimeDr
     assert all(d.finish_reason is None for d in first[:-1])
 
 
+async def test_each_delta_is_one_engine_steps_tokens(driver: RealTimeDriver) -> None:
+    g = Generation(driver, spec(max_tokens=60))
+    g.submit()
+    deltas = [d async for d in g.deltas()]
+    assert all(1 <= d.tokens <= 4 + 1 for d in deltas), [d.tokens for d in deltas]  # the driver's engine runs k=4
+    assert [simulated_tokens(d.text) for d in deltas] == [d.tokens for d in deltas]
+    assert sum(d.tokens for d in deltas) == g.completion_tokens == 60
+    assert len(deltas) < 60
+    assert g.choice_usage(0) == (10, 60)
+
+
+def test_greedy_and_seeded_text_is_pinned_to_the_model_prompt_and_request_seed() -> None:
+    def seed(
+        *,
+        model: str = "m",
+        prompt: str = "p",
+        choice: int = 0,
+        temperature: float | None = None,
+        request_seed: int | None = None,
+        worker_seed: int = 0,
+    ) -> int:
+        return choice_seed(
+            model=model,
+            prompt=prompt,
+            choice=choice,
+            temperature=temperature,
+            request_seed=request_seed,
+            worker_seed=worker_seed,
+        )
+
+    greedy = seed(temperature=0.0)
+    assert greedy == seed(temperature=0.0, worker_seed=9, request_seed=3) == seed(temperature=1e-6)
+    assert greedy != seed(temperature=0.0, model="other") != seed(temperature=0.0, prompt="q")
+    assert seed(request_seed=3, worker_seed=1) == seed(request_seed=3, worker_seed=2) == seed(request_seed=2, choice=1)
+    assert seed(worker_seed=1) != seed(worker_seed=2), "unseeded sampled text may differ between replicas"
+    assert seed(temperature=0.5, request_seed=3) == seed(request_seed=3)
+
+
+async def test_greedy_text_ignores_the_worker_seed(driver: RealTimeDriver) -> None:
+    def text(deltas: list[ChoiceDelta]) -> str:
+        return "".join(d.text for d in deltas)
+
+    greedy = [text(await run(driver, spec(temperature=0.0, worker_seed=w, eos=15))) for w in (1, 2)]
+    assert greedy[0] == greedy[1]
+    seeded = [text(await run(driver, spec(worker_seed=w))) for w in (1, 2)]
+    assert seeded[0] == seeded[1], "the spec's request seed pins sampled text too"
+
+
 async def test_a_stop_string_spanning_tokens_is_held_back_and_cut(driver: RealTimeDriver) -> None:
     full = "".join(d.text for d in await run(driver, spec()))
     words = full.split(" ")
@@ -74,6 +140,19 @@ async def test_a_stop_string_spanning_tokens_is_held_back_and_cut(driver: RealTi
     assert "".join(d.text for d in deltas) == expected
     assert (deltas[-1].finish_reason, deltas[-1].stop_reason) == ("stop", stop)
     assert not driver.engine.has_work(), "the engine request is aborted at the stop string"
+
+
+async def test_a_stop_string_keeps_only_the_tokens_through_it_like_vllm(driver: RealTimeDriver) -> None:
+    """vLLM drops the tokens a multi-token step generated after the one completing a stop string."""
+    full = "".join(d.text for d in await run(driver, spec(max_tokens=60)))
+    words = full.split(" ")
+    for word in words[3:20]:
+        stop = word[:2]
+        end = full.index(stop) + len(stop)
+        g = Generation(driver, spec(stops=[stop], max_tokens=60))
+        g.submit()
+        deltas = [d async for d in g.deltas()]
+        assert g.completion_tokens == sum(d.tokens for d in deltas) == simulated_tokens(full[:end]), stop
 
 
 async def test_n_choices_differ_and_each_finishes(driver: RealTimeDriver) -> None:

@@ -83,7 +83,7 @@ def test_exposed_sample_names_and_labels_match_vllm() -> None:
     accepted = samples[names.SPEC_DECODE_NUM_ACCEPTED_TOKENS]
     assert _value(accepted, "vllm:spec_decode_num_accepted_tokens_total", **VLLM_LABELS) == st.num_accepted_tokens
     per_pos = samples[names.SPEC_DECODE_NUM_ACCEPTED_TOKENS_PER_POS]
-    assert {s.labels["position"] for s in per_pos} == {str(i) for i in range(8)}
+    assert {s.labels["position"] for s in per_pos} == {str(i) for i in range(7)}
     for i, count in enumerate(st.accepted_per_pos):
         name = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
         assert _value(per_pos, name, position=str(i), **VLLM_LABELS) == count

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from typing import Any
 
 import pytest
 
@@ -12,6 +13,7 @@ from fleet.clock import ManualClock
 from fleet.perf import StepShape, load_profile, step_time
 from fleet.speculation import SpeculationUpdate
 from workers.sim.arrivals import (
+    ArrivalProcess,
     Lengths,
     Phase,
     PhasedLoad,
@@ -29,10 +31,10 @@ PROFILE = load_profile("kimi-k3-dspark-tp16")
 SHORT = WorkloadMix.single("chat", Lengths(200), Lengths(40))
 
 
-def lab_of(n_workers: int, load: object, *, k: int = 4, seed: int = 3, **kwargs: object) -> VirtualLab:
+def lab_of(n_workers: int, load: ArrivalProcess, *, k: int = 4, seed: int = 3, **kwargs: Any) -> VirtualLab:
     clock = ManualClock()
     workers = [make_worker(PROFILE, f"w{i}", clock, k=k, seed=seed + i) for i in range(n_workers)]
-    return VirtualLab(workers, load, clock=clock, seed=seed, **kwargs)  # type: ignore[arg-type]
+    return VirtualLab(workers, load, clock=clock, seed=seed, **kwargs)
 
 
 def fingerprint(records: RunRecords) -> list[tuple[object, ...]]:
@@ -227,7 +229,9 @@ def test_lengths_sample_their_mean_and_validate() -> None:
 
 
 def test_speed_benchmark_runs_the_reference_load_and_scrapes_every_worker() -> None:
-    result = measure(PROFILE, workers=2, streams_per_worker=3, simulated_s=30.0, scrape_every_s=10.0)
+    result = measure(
+        PROFILE, workers=2, streams_per_worker=3, simulated_s=30.0, k=PROFILE.drafter.k_max, scrape_every_s=10.0
+    )
     assert result.scrapes == 2 * 3
     assert result.steps > 0
     assert result.finished_requests > 0

@@ -7,8 +7,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from _net import free_port
 
+from bench.procs import free_port
 from fleet.config import WorkerConfig
 from workers.vllm.cpu_server import (
     REPO_ROOT,

@@ -13,7 +13,8 @@ from fastapi import FastAPI
 from prometheus_client import CollectorRegistry, generate_latest
 
 from fleet.clock import ManualClock
-from workers.vllm.api import PATH, STATE_ATTR, SpeculationFront, create_router, poll_forever
+from fleet.speculation import SPECULATION_PATH
+from workers.vllm.api import STATE_ATTR, SpeculationFront, create_router, poll_forever
 from workers.vllm.control import EngineSideMissing, EngineSpeculation, EngineView, Reply
 from workers.vllm.spec_metrics import WorkerSpecMetrics
 
@@ -72,7 +73,7 @@ def metric(registry: CollectorRegistry, name: str, labels: dict[str, str] | None
 
 
 async def test_get_returns_the_start_up_schedule(client: httpx.AsyncClient) -> None:
-    response = await client.get(PATH)
+    response = await client.get(SPECULATION_PATH)
     assert response.status_code == 200
     body = response.json()
     assert body["schedule"] == [[1, 4, 4]] == body["fallback_schedule"]
@@ -82,13 +83,13 @@ async def test_get_returns_the_start_up_schedule(client: httpx.AsyncClient) -> N
 async def test_put_applies_and_mirrors_into_the_metrics(
     client: httpx.AsyncClient, engine: InProcessEngine, registry: CollectorRegistry
 ) -> None:
-    response = await client.put(PATH, json={"schedule": [[1, 2, 3], [3, 4, 0]], "version": 7}, headers=AUTH)
+    response = await client.put(SPECULATION_PATH, json={"schedule": [[1, 2, 3], [3, 4, 0]], "version": 7}, headers=AUTH)
     assert response.status_code == 200
     assert engine.lookup == [0, 3, 3, 0, 0]
     assert metric(registry, "gearshift_worker_spec_k", {"from_bs": "1", "to_bs": "2"}) == 3
     assert metric(registry, "gearshift_worker_spec_k", {"from_bs": "3", "to_bs": "4"}) == 0
     assert metric(registry, "gearshift_worker_spec_version") == 7
-    await client.put(PATH, json={"k": 1, "version": 8}, headers=AUTH)
+    await client.put(SPECULATION_PATH, json={"k": 1, "version": 8}, headers=AUTH)
     assert metric(registry, "gearshift_worker_spec_k", {"from_bs": "1", "to_bs": "2"}) is None  # old rows removed
     assert metric(registry, "gearshift_worker_spec_k", {"from_bs": "1", "to_bs": "4"}) == 1
 
@@ -97,7 +98,7 @@ async def test_put_applies_and_mirrors_into_the_metrics(
 async def test_put_without_the_control_token_is_401(
     client: httpx.AsyncClient, engine: InProcessEngine, headers: dict[str, str]
 ) -> None:
-    response = await client.put(PATH, json={"k": 1, "version": 1}, headers=headers)
+    response = await client.put(SPECULATION_PATH, json={"k": 1, "version": 1}, headers=headers)
     assert response.status_code == 401
     assert response.json()["error"]["type"] == "AuthenticationError"
     assert engine.calls == 0
@@ -114,7 +115,7 @@ async def test_put_without_the_control_token_is_401(
 async def test_bad_bodies_are_400_with_a_message(
     client: httpx.AsyncClient, engine: InProcessEngine, body: bytes, needle: str, param: str | None
 ) -> None:
-    response = await client.put(PATH, content=body, headers=AUTH | {"content-type": "application/json"})
+    response = await client.put(SPECULATION_PATH, content=body, headers=AUTH | {"content-type": "application/json"})
     assert response.status_code == 400
     error = response.json()["error"]
     assert needle in error["message"]
@@ -123,8 +124,8 @@ async def test_bad_bodies_are_400_with_a_message(
 
 
 async def test_older_version_is_409(client: httpx.AsyncClient) -> None:
-    assert (await client.put(PATH, json={"k": 1, "version": 5}, headers=AUTH)).status_code == 200
-    response = await client.put(PATH, json={"k": 2, "version": 4}, headers=AUTH)
+    assert (await client.put(SPECULATION_PATH, json={"k": 1, "version": 5}, headers=AUTH)).status_code == 200
+    response = await client.put(SPECULATION_PATH, json={"k": 2, "version": 4}, headers=AUTH)
     assert response.status_code == 409
     assert response.json()["error"] == {
         "message": "version: 4 is older than the applied version 5",
@@ -138,7 +139,7 @@ async def test_an_engine_without_the_plugin_method_is_503_with_the_fix(
     client: httpx.AsyncClient, engine: InProcessEngine
 ) -> None:
     engine.fail = EngineSideMissing("'EngineCoreProc' object has no attribute 'gearshift_speculation'")
-    response = await client.get(PATH)
+    response = await client.get(SPECULATION_PATH)
     assert response.status_code == 503
     assert "VLLM_PLUGINS=gearshift" in response.json()["error"]["message"]
     assert response.json()["error"]["type"] == "ServiceUnavailableError"
@@ -146,7 +147,7 @@ async def test_an_engine_without_the_plugin_method_is_503_with_the_fix(
 
 async def test_any_other_engine_failure_is_503_naming_it(client: httpx.AsyncClient, engine: InProcessEngine) -> None:
     engine.fail = ConnectionError("engine core died")
-    response = await client.get(PATH)
+    response = await client.get(SPECULATION_PATH)
     assert response.status_code == 503
     assert "engine core died" in response.json()["error"]["message"]
 
@@ -155,8 +156,8 @@ async def test_routes_without_initialised_state_are_503() -> None:
     app = FastAPI()
     app.include_router(create_router())
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://worker") as c:
-        assert (await c.get(PATH)).status_code == 503
-        assert (await c.put(PATH, json={"k": 1, "version": 1}, headers=AUTH)).status_code == 503
+        assert (await c.get(SPECULATION_PATH)).status_code == 503
+        assert (await c.put(SPECULATION_PATH, json={"k": 1, "version": 1}, headers=AUTH)).status_code == 503
 
 
 class GatedClock(ManualClock):

@@ -21,7 +21,7 @@ def startup_lookup(k: int = K_MAX) -> list[int]:
 def make(lookup: list[int] | None = None, **view: Any) -> tuple[EngineSpeculation, list[int], ManualClock]:
     dense = startup_lookup() if lookup is None else lookup
     clock = ManualClock()
-    fields = {"lookup": dense, "k_max": K_MAX, "max_num_seqs": MAX_NUM_SEQS, "method": "ngram"} | view
+    fields: dict[str, Any] = {"lookup": dense, "k_max": K_MAX, "max_num_seqs": MAX_NUM_SEQS, "method": "ngram"} | view
     return EngineSpeculation(EngineView(**fields), worker_id="w0", clock=clock), dense, clock
 
 

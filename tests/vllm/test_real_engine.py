@@ -22,7 +22,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from fleet import vllm_metrics as names
-from workers.vllm.counters import SpecCounters
+from fleet.scrape import WorkerScrape
+from fleet.speculation import SPECULATION_PATH
 from workers.vllm.cpu_server import TINY_K_MAX, TINY_MAX_NUM_SEQS, RunningServer
 from workers.vllm.measure import BatchResult, read_counters, run_batch
 
@@ -30,7 +31,6 @@ from .conftest import CONTROL_TOKEN
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 
-SPEC = "/gearshift/v1/speculation"
 AUTH = {"Authorization": f"Bearer {CONTROL_TOKEN}"}
 MODEL = "tiny"
 REQUESTS = 4
@@ -45,7 +45,7 @@ async def client(vllm_server: RunningServer) -> AsyncIterator[httpx.AsyncClient]
 
 
 async def state(client: httpx.AsyncClient) -> dict[str, Any]:
-    response = await client.get(SPEC)
+    response = await client.get(SPECULATION_PATH)
     assert response.status_code == 200, response.text
     body: dict[str, Any] = response.json()
     return body
@@ -54,7 +54,7 @@ async def state(client: httpx.AsyncClient) -> dict[str, Any]:
 async def put(client: httpx.AsyncClient, *, headers: dict[str, str] | None = AUTH, **body: Any) -> httpx.Response:
     if "version" not in body:
         body["version"] = (await state(client))["version"] + 1
-    return await client.put(SPEC, json=body, headers=headers)
+    return await client.put(SPECULATION_PATH, json=body, headers=headers)
 
 
 async def set_k(client: httpx.AsyncClient, k: int, *, lease_seconds: float = 300.0) -> None:
@@ -69,7 +69,7 @@ async def greedy_batch(client: httpx.AsyncClient) -> BatchResult:
     return batch
 
 
-def assert_drafts_bounded_by(counters: SpecCounters, k: int) -> None:
+def assert_drafts_bounded_by(counters: WorkerScrape, k: int) -> None:
     assert counters.drafts > 0, counters
     assert counters.draft_tokens <= k * counters.drafts, counters
     assert counters.longest_accepted_position == k - 1, counters
@@ -178,7 +178,7 @@ async def test_a_bad_schedule_is_400_while_an_in_flight_stream_finishes(client: 
         lines = stream.aiter_lines()
         first = await anext(lines)
         assert first.startswith("data: ")
-        bad = [
+        bad: list[dict[str, Any]] = [
             {"k": TINY_K_MAX + 1},
             {"schedule": [[1, 3, 2], [5, TINY_MAX_NUM_SEQS, 2]]},
             {"schedule": [[1, TINY_MAX_NUM_SEQS, -1]]},

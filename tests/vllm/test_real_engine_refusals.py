@@ -8,15 +8,15 @@ from pathlib import Path
 
 import httpx
 import pytest
-from _net import free_port
 
+from bench.procs import free_port
+from fleet.speculation import SPECULATION_PATH
 from workers.vllm.cpu_server import RunningServer, tiny_worker
 
 from .conftest import CONTROL_TOKEN, start_server
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 
-SPEC = "/gearshift/v1/speculation"
 TABLE = "num_speculative_tokens_per_batch_size"
 
 
@@ -35,7 +35,10 @@ async def client(server_without_table: RunningServer) -> AsyncIterator[httpx.Asy
 
 async def test_get_and_put_are_409_naming_the_missing_table(client: httpx.AsyncClient) -> None:
     auth = {"Authorization": f"Bearer {CONTROL_TOKEN}"}
-    for response in (await client.get(SPEC), await client.put(SPEC, json={"k": 1, "version": 1}, headers=auth)):
+    for response in (
+        await client.get(SPECULATION_PATH),
+        await client.put(SPECULATION_PATH, json={"k": 1, "version": 1}, headers=auth),
+    ):
         assert response.status_code == 409
         error = response.json()["error"]
         assert (error["type"], error["param"]) == ("ConflictError", "speculative_config")

@@ -14,6 +14,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -27,10 +28,11 @@ from controller.stabiliser import StabiliserConfig
 from fleet.clock import SystemClock
 from fleet.config import FleetConfig, TenantsConfig, WorkerConfig, key_digest
 from fleet.perf import load_profile
+from fleet.scrape import WorkerScrape
+from fleet.speculation import SPECULATION_PATH
 from fleet.store.memory import MemoryStore
-from gateway.serve import GatewayServer
+from gateway.http.serve import GatewayServer
 from gateway.settings import GatewaySettings
-from workers.vllm.counters import SpecCounters
 from workers.vllm.cpu_server import TINY_K_MAX, TINY_MAX_NUM_SEQS, RunningServer, tiny_worker
 from workers.vllm.measure import read_counters
 
@@ -38,7 +40,6 @@ from .conftest import CONTROL_TOKEN
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(300)]
 
-SPEC = "/gearshift/v1/speculation"
 API_KEY = "gs-stack-test-key"
 PEPPER = "stack-test-pepper"
 CONTROLLER_K = 2
@@ -91,7 +92,7 @@ async def stack(vllm_server: RunningServer, tiny_model_dir: Path, tmp_path: Path
     files = write_config(tmp_path, worker)
     fleet = FleetConfig.model_validate(yaml.safe_load(files["fleet_file"].read_text()))
     tenants = TenantsConfig.model_validate(yaml.safe_load(files["tenants_file"].read_text()))
-    common = {**files, "key_pepper": PEPPER, "control_token": CONTROL_TOKEN}
+    common: dict[str, Any] = {**files, "key_pepper": PEPPER, "control_token": CONTROL_TOKEN}
     clock = SystemClock()
     store = MemoryStore(clock=clock)
     gateway = GatewayServer(
@@ -121,7 +122,7 @@ async def stack(vllm_server: RunningServer, tiny_model_dir: Path, tmp_path: Path
 
 
 async def state(http: httpx.AsyncClient) -> dict[str, object]:
-    response = await http.get(SPEC)
+    response = await http.get(SPECULATION_PATH)
     assert response.status_code == 200, response.text
     body: dict[str, object] = response.json()
     return body
@@ -144,7 +145,7 @@ async def reset_to_start_up(http: httpx.AsyncClient) -> None:
     """Whatever earlier tests left: a start-up-schedule PUT with a short lease, then wait for it to lapse."""
     version = int(str((await state(http))["version"])) + 1
     body = {"schedule": START_UP, "version": version, "lease_seconds": 0.5, "reason": "stack test: reset"}
-    response = await http.put(SPEC, json=body, headers={"Authorization": f"Bearer {CONTROL_TOKEN}"})
+    response = await http.put(SPECULATION_PATH, json=body, headers={"Authorization": f"Bearer {CONTROL_TOKEN}"})
     assert response.status_code == 200, response.text
     await wait_for(http, lambda s: s["lease_expires_at"] is None, EXPIRY_WAIT_S, "the reset lease did not lapse")
 
@@ -164,7 +165,7 @@ async def stream_one(client: AsyncOpenAI, i: int) -> int:
     return usage.completion_tokens
 
 
-async def batch_through_gateway(s: Stack) -> SpecCounters:
+async def batch_through_gateway(s: Stack) -> WorkerScrape:
     """STREAMS concurrent streams through the gateway; vLLM's counter changes over the batch."""
     before = await read_counters(s.http, s.worker.url)
     tokens = await asyncio.gather(*(stream_one(s.openai, i) for i in range(STREAMS)))
@@ -181,7 +182,7 @@ async def traffic_until(s: Stack, stop: asyncio.Event) -> int:
     return batches
 
 
-def assert_drafts_bounded_by(counters: SpecCounters, k: int) -> None:
+def assert_drafts_bounded_by(counters: WorkerScrape, k: int) -> None:
     assert counters.drafts > 0, counters
     assert counters.draft_tokens <= k * counters.drafts, counters
     assert counters.longest_accepted_position == k - 1, counters
@@ -214,7 +215,7 @@ async def test_the_controllers_k_reaches_the_engine_and_lapses_when_it_stops(sta
     assert runtime.k_applied == CONTROLLER_K
     # A bad schedule sent while streams run through the gateway: 400, and the streams finish at k=2.
     bad = {"k": TINY_K_MAX + 1, "version": int(str(applied["version"])) + 1, "lease_seconds": 5.0}
-    put_bad = stack.http.put(SPEC, json=bad, headers={"Authorization": f"Bearer {CONTROL_TOKEN}"})
+    put_bad = stack.http.put(SPECULATION_PATH, json=bad, headers={"Authorization": f"Bearer {CONTROL_TOKEN}"})
     at_k, refused = await asyncio.gather(batch_through_gateway(stack), put_bad)
     assert refused.status_code == 400, refused.text
     assert refused.json()["error"]["param"] == "schedule"

@@ -2,23 +2,19 @@
 
 from __future__ import annotations
 
-import hmac
-
 import orjson
 from aiohttp import web
 from pydantic import ValidationError
 
-from fleet.speculation import ScheduleError, SpeculationUpdate, StaleVersionError
+from fleet.bearer import bearer_matches
+from fleet.speculation import SPECULATION_PATH, ScheduleError, SpeculationUpdate, StaleVersionError
 from workers.sim.errors import BadRequest, Conflict, Unauthorized, from_validation_error
 from workers.sim.worker import WORKER
-
-PATH = "/gearshift/v1/speculation"
 
 
 def _authorise(request: web.Request) -> None:
     expected = request.app[WORKER].settings.control_token.get_secret_value()
-    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), expected.encode()):
+    if not bearer_matches(request.headers.get("Authorization"), expected):
         raise Unauthorized("missing or wrong control token (Authorization: Bearer <GEARSHIFT_CONTROL_TOKEN>)")
 
 
@@ -48,5 +44,5 @@ async def put_speculation(request: web.Request) -> web.Response:
 
 
 def add_routes(app: web.Application) -> None:
-    app.router.add_get(PATH, get_speculation)
-    app.router.add_put(PATH, put_speculation)
+    app.router.add_get(SPECULATION_PATH, get_speculation)
+    app.router.add_put(SPECULATION_PATH, put_speculation)

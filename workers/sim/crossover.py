@@ -2,8 +2,9 @@
 and the best draft length at each batch size (the operator's view: which gear a worker should be in).
 
 Pure arithmetic on the profile (no simulation): every sequence of the batch has the same context, the step
-is pure decode, and a mix's tokens per step is the harmonic mean of its classes' weighted by output tokens
-(a closed-loop batch holds each class in proportion to the time it takes to generate its output).
+is pure decode (no prefill rides along, unlike a ``vllm bench`` run whose prompts are 8× its answers), and a
+mix's tokens per step is the harmonic mean of its classes' weighted by output tokens (a closed-loop batch
+holds each class in proportion to the time it takes to generate its output).
 """
 
 from __future__ import annotations
@@ -72,11 +73,13 @@ def crossover_rows(
     profile: Profile,
     mixes: dict[str, WorkloadMix],
     *,
-    k: int = 8,
+    k: int | None = None,
     context_tokens: int = 2000,
     batches: Sequence[int] = BATCHES,
 ) -> list[CrossoverRow]:
-    """One row per mix: tokens per step at k and the speed-up over k = 0 at each batch size."""
+    """One row per mix: tokens per step at k (default: the drafter's k_max) and the speed-up over k = 0 at
+    each batch size."""
+    k = profile.drafter.k_max if k is None else k
     return [
         CrossoverRow(
             name,

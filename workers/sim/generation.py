@@ -1,9 +1,11 @@
 """One OpenAI request's generation on the simulated engine: its choices, their text, stop strings, finish.
 
-A request with P prompts and ``n`` choices becomes P·n engine requests (as in vLLM). Each delivery of
-tokens turns into text from the choice's deterministic ``TextStream``; stop strings end a choice early
-(the text before the stop string is kept, the engine request is aborted), and text that could be the start
-of a stop string is held back until it is known not to be.
+A request with P prompts and ``n`` choices becomes P·n engine requests (as in vLLM). Each engine step's
+delivery of a choice's tokens becomes one delta (one SSE chunk, as vLLM V1 streams), its text from the
+choice's deterministic ``TextStream``; stop strings end a choice early (the text before the stop string is
+kept, the step's tokens after the one completing it are dropped, as vLLM does, and the engine request is
+aborted), and text that could be the start of a stop string is held back until it is known not to be (the
+step's delta is still sent, with the text it may release, possibly none).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from dataclasses import dataclass, field
 
 from workers.sim.driver import Delivery, RealTimeDriver
 from workers.sim.engine import SimRequest
-from workers.sim.text import TextStream, pseudo_eos_length, text_seed
+from workers.sim.text import TextStream, choice_seed, pseudo_eos_length
 
 
 class EngineFailed(RuntimeError):
@@ -31,6 +33,8 @@ class PromptSpec:
 
 @dataclass(frozen=True, slots=True)
 class GenerationSpec:
+    model: str
+    """Served model name: part of every text seed."""
     prompts: list[PromptSpec]
     n: int
     max_tokens: list[int]
@@ -38,16 +42,24 @@ class GenerationSpec:
     stops: list[str]
     workload: str
     priority: int
+    temperature: float | None
+    """The request's temperature, which only tells greedy (< 1e-5) from sampled text; None = sampled."""
     request_seed: int | None
     ignore_eos: bool
     eos_mean_tokens: int | None
     worker_seed: int
+    """Seeds unseeded sampled text only."""
 
 
 @dataclass(frozen=True, slots=True)
 class ChoiceDelta:
+    """What one engine step gave one choice."""
+
     index: int
     text: str
+    tokens: int
+    """New output tokens of the step: 1 + accepted drafts (at most k + 1), or those through the token that
+    completes a stop string."""
     finish_reason: str | None = None
     """``length`` or ``stop`` on a choice's last delta, else None."""
     stop_reason: str | None = None
@@ -87,6 +99,10 @@ class Generation:
     def completion_tokens(self) -> int:
         return sum(c.tokens for c in self.choices)
 
+    def choice_usage(self, index: int) -> tuple[int, int]:
+        """(prompt tokens, completion tokens so far) of one choice, as vLLM's per-choice streaming usage."""
+        return self.spec.prompts[index // self.spec.n].tokens, self.choices[index].tokens
+
     def submit(self) -> None:
         """Queue every choice on the engine; raises ``ValueError`` (after undoing) if the engine refuses one."""
         spec = self.spec
@@ -101,7 +117,14 @@ class Generation:
     def _submit_choice(self, p_index: int, prompt: PromptSpec, i: int) -> None:
         spec = self.spec
         index = p_index * spec.n + i
-        seed = text_seed(spec.worker_seed, spec.request_seed, prompt.key, i)
+        seed = choice_seed(
+            model=spec.model,
+            prompt=prompt.key,
+            choice=i,
+            temperature=spec.temperature,
+            request_seed=spec.request_seed,
+            worker_seed=spec.worker_seed,
+        )
         limit = spec.max_tokens[p_index]
         eos_stop = False
         if spec.eos_mean_tokens is not None and not spec.ignore_eos:
@@ -119,7 +142,8 @@ class Generation:
                 self.driver.abort(c.request_id)
 
     async def deltas(self) -> AsyncGenerator[ChoiceDelta, None]:
-        """Text deltas as tokens arrive, ending with each choice's finish; aborts what is left on exit."""
+        """One delta per engine step that gave a choice tokens, ending with each choice's finish; aborts what is
+        left on exit."""
         remaining = sum(not c.done for c in self.choices)
         try:
             while remaining:
@@ -132,26 +156,40 @@ class Generation:
                 delta = self._advance(choice, delivery)
                 if delta.finish_reason is not None:
                     remaining -= 1
-                if delta.text or delta.finish_reason is not None:
-                    yield delta
+                yield delta
         finally:
             self.abort()
 
     def _advance(self, choice: _Choice, delivery: Delivery) -> ChoiceDelta:
-        choice.tokens += delivery.tokens
-        choice.pending += choice.text.take(delivery.tokens)
+        pieces = choice.text.take(delivery.tokens)
+        start = len(choice.pending)
+        choice.pending += "".join(pieces)
         stops = self.spec.stops
         hits = [(choice.pending.find(s), s) for s in stops if s in choice.pending]
         if hits:
             at, stop = min(hits)
+            kept = _tokens_through(pieces, start, at + len(stop))
+            choice.tokens += kept
             choice.done = True
             self.driver.abort(choice.request_id)
-            return ChoiceDelta(choice.index, choice.pending[:at], "stop", stop)
+            return ChoiceDelta(choice.index, choice.pending[:at], kept, "stop", stop)
+        choice.tokens += delivery.tokens
         if delivery.finished:
             choice.done = True
             text, choice.pending = choice.pending, ""
-            return ChoiceDelta(choice.index, text, "stop" if choice.eos_stop else "length")
+            return ChoiceDelta(choice.index, text, delivery.tokens, "stop" if choice.eos_stop else "length")
         hold = max((len(s) - 1 for s in stops), default=0)
         cut = max(len(choice.pending) - hold, 0)
         text, choice.pending = choice.pending[:cut], choice.pending[cut:]
-        return ChoiceDelta(choice.index, text)
+        return ChoiceDelta(choice.index, text, delivery.tokens)
+
+
+def _tokens_through(pieces: list[str], start: int, end: int) -> int:
+    """How many of a step's token texts, appended at text offset ``start``, it takes to reach offset ``end``:
+    vLLM keeps the tokens through the one completing a stop string and drops the rest of the step's."""
+    reached = start
+    for n, piece in enumerate(pieces, 1):
+        reached += len(piece)
+        if reached >= end:
+            return n
+    return len(pieces)

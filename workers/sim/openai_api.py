@@ -1,5 +1,11 @@
 """``/v1/completions`` and ``/v1/chat/completions`` of the simulated worker, in vLLM's request and response
-shapes, streaming (SSE) and not."""
+shapes, streaming (SSE) and not.
+
+A stream is shaped as vLLM 0.32's serving code (``entrypoints/openai/{chat_completion,completion}/serving.py``)
+sends it: one chunk per engine step per choice with that step's tokens (up to k + 1 under speculation), the
+chat role delta when the first output arrives (so the first event marks the first token), ``finish_reason``
+on a choice's last chunk, then the usage chunk if ``stream_options.include_usage``.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +19,7 @@ from pydantic import BaseModel, ValidationError
 from workers.sim.errors import BadRequest, NotFound, error_body, from_validation_error
 from workers.sim.generation import ChoiceDelta, EngineFailed, Generation, GenerationSpec, PromptSpec
 from workers.sim.protocol import ChatCompletionRequest, CompletionRequest, _GenerationRequest
-from workers.sim.text import count_chat_tokens, count_text_tokens
+from workers.sim.text import count_chat_tokens, count_text_tokens, is_greedy
 from workers.sim.worker import WORKER, SimWorker
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
@@ -21,6 +27,7 @@ COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 
 B = TypeVar("B", bound=BaseModel)
 Chunk = Callable[[ChoiceDelta], dict[str, Any]]
+RoleChunk = Callable[[int], dict[str, Any]]
 
 
 async def read_body(request: web.Request, model: type[B]) -> B:
@@ -44,6 +51,8 @@ def _check_common(worker: SimWorker, body: _GenerationRequest) -> None:
         raise BadRequest("Stream options can only be defined when `stream=True`.", param="stream_options")
     if body.priority != 0 and s.scheduling == "fcfs":
         raise BadRequest(f"Got priority {body.priority} but Priority scheduling is not enabled.", param="priority")
+    if is_greedy(body.temperature) and body.n > 1:
+        raise BadRequest(f"n must be 1 when using greedy sampling, got {body.n}.", param="n")
 
 
 def _completion_limit(worker: SimWorker, prompt_tokens: int, requested: int | None, default: int) -> int:
@@ -72,12 +81,14 @@ def _spec(
 ) -> GenerationSpec:
     workload = body.gearshift_workload or request.headers.get("x-gearshift-workload") or worker.default_workload
     return GenerationSpec(
+        model=worker.settings.model,
         prompts=prompts,
         n=body.n,
         max_tokens=limits,
         stops=body.stop_strings(),
         workload=workload,
         priority=body.priority,
+        temperature=body.temperature,
         request_seed=body.seed,
         ignore_eos=body.ignore_eos,
         eos_mean_tokens=worker.settings.eos_mean_tokens,
@@ -94,13 +105,18 @@ def _start(worker: SimWorker, spec: GenerationSpec, prefix: str) -> Generation:
     return generation
 
 
-def _usage(g: Generation) -> dict[str, Any]:
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+    """vLLM's usage block as a stream's usage chunk carries it."""
     return {
-        "prompt_tokens": g.prompt_tokens,
-        "total_tokens": g.prompt_tokens + g.completion_tokens,
-        "completion_tokens": g.completion_tokens,
-        "prompt_tokens_details": None,
+        "prompt_tokens": prompt_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "completion_tokens": completion_tokens,
     }
+
+
+def _response_usage(g: Generation) -> dict[str, Any]:
+    """vLLM's usage block of a non-streamed response."""
+    return {**_usage(g.prompt_tokens, g.completion_tokens), "prompt_tokens_details": None}
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
@@ -129,11 +145,13 @@ async def completions(request: web.Request) -> web.StreamResponse:
             "logprobs": None,
             "finish_reason": d.finish_reason,
             "stop_reason": d.stop_reason,
+            "prompt_token_ids": None,
+            "token_ids": None,
         }
         return {**head, "choices": [choice]}
 
     if body.stream:
-        return await _stream(request, generation, body, head, chunk)
+        return await _stream(request, generation, body, head, chunk, continuous_details={})
     texts, finish = await _collect(generation)
     choices: list[dict[str, Any]] = [
         {
@@ -146,7 +164,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
         }
         for i in sorted(texts)
     ]
-    return web.json_response({**head, "choices": choices, "usage": _usage(generation)}, dumps=_dumps)
+    return web.json_response({**head, "choices": choices, "usage": _response_usage(generation)}, dumps=_dumps)
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -167,14 +185,25 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     }
 
     def chunk(d: ChoiceDelta) -> dict[str, Any]:
-        delta = {"content": d.text} if d.text or d.finish_reason is None else {}
-        choice: dict[str, Any] = {"index": d.index, "delta": delta, "logprobs": None, "finish_reason": d.finish_reason}
+        choice: dict[str, Any] = {
+            "index": d.index,
+            "delta": {"content": d.text},
+            "logprobs": None,
+            "finish_reason": d.finish_reason,
+        }
         if d.finish_reason is not None:
             choice["stop_reason"] = d.stop_reason
+        choice["token_ids"] = None
         return {**head, "choices": [choice]}
 
+    def role_chunk(index: int) -> dict[str, Any]:
+        delta = {"role": "assistant", "content": ""}
+        choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": None}
+        return {**head, "choices": [choice], "prompt_token_ids": None, "prompt_text": None}
+
     if body.stream:
-        return await _stream(request, generation, body, head, chunk, role_chunk=True)
+        details = {"completion_tokens_details": None}
+        return await _stream(request, generation, body, head, chunk, role_chunk=role_chunk, continuous_details=details)
     texts, finish = await _collect(generation)
     choices: list[dict[str, Any]] = [
         {
@@ -186,7 +215,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         }
         for i in sorted(texts)
     ]
-    response = {**head, "object": "chat.completion", "choices": choices, "usage": _usage(generation)}
+    response = {**head, "object": "chat.completion", "choices": choices, "usage": _response_usage(generation)}
     return web.json_response(response, dumps=_dumps)
 
 
@@ -207,35 +236,35 @@ async def _stream(
     head: dict[str, Any],
     chunk: Chunk,
     *,
-    role_chunk: bool = False,
+    role_chunk: RoleChunk | None = None,
+    continuous_details: dict[str, Any],
 ) -> web.StreamResponse:
-    """Server-sent events as vLLM sends them; a client that goes away aborts the request's engine work."""
+    """Server-sent events as vLLM sends them; a client that goes away aborts the request's engine work.
+
+    ``continuous_details`` are the extra (null) fields vLLM puts in each chunk's ``continuous_usage_stats``."""
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await response.prepare(request)
     options = body.stream_options
     continuous = options is not None and options.continuous_usage_stats
+
+    def with_usage(payload: dict[str, Any], index: int, *, completion_tokens: int | None = None) -> dict[str, Any]:
+        if continuous:
+            prompt, completion = generation.choice_usage(index)
+            tokens = completion if completion_tokens is None else completion_tokens
+            payload["usage"] = {**_usage(prompt, tokens), **continuous_details}
+        return payload
+
     try:
-        if role_chunk:
-            for c in generation.choices:
-                first = {
-                    **head,
-                    "choices": [
-                        {
-                            "index": c.index,
-                            "delta": {"role": "assistant", "content": ""},
-                            "logprobs": None,
-                            "finish_reason": None,
-                        }
-                    ],
-                }
-                await _send(response, first)
+        role_due = role_chunk is not None
         async for d in generation.deltas():
-            payload = chunk(d)
-            if continuous:
-                payload["usage"] = _usage(generation)
-            await _send(response, payload)
+            if role_chunk is not None and role_due:  # vLLM sends the role with the engine's first output
+                role_due = False
+                for c in generation.choices:
+                    await _send(response, with_usage(role_chunk(c.index), c.index, completion_tokens=0))
+            await _send(response, with_usage(chunk(d), d.index))
         if options is not None and options.include_usage:
-            await _send(response, {**head, "choices": [], "usage": _usage(generation)})
+            usage = _usage(generation.prompt_tokens, generation.completion_tokens)
+            await _send(response, {**head, "choices": [], "usage": usage})
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
     except EngineFailed as exc:  # the stream has started: report in-band, as vLLM does

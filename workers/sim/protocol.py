@@ -1,8 +1,9 @@
 """Request bodies of the OpenAI-compatible endpoints, as vLLM accepts them.
 
 Unknown fields are accepted and ignored, as vLLM does (clients send sampling options the simulator does not
-model: temperature, top_p, logprobs …). gearshift adds two optional fields: ``gearshift_workload`` (the
-acceptance class) and ``gearshift_prompt_tokens`` (an exact prompt length, for benchmarks).
+model: top_p, logprobs …; ``temperature`` only tells greedy from sampled text). gearshift adds two optional
+fields: ``gearshift_workload`` (the acceptance class) and ``gearshift_prompt_tokens`` (an exact prompt length,
+for benchmarks).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ class _GenerationRequest(BaseModel):
     priority: int = 0
     ignore_eos: bool = False
     seed: int | None = None
+    temperature: Annotated[float, Field(ge=0, le=2)] | None = None
     gearshift_workload: str | None = None
     gearshift_prompt_tokens: Annotated[int, Field(ge=1)] | None = None
 

@@ -5,8 +5,10 @@ right for English with BPE vocabularies), at least 1; a chat request adds ``CHAT
 message and ``CHAT_REPLY_PRIMING_TOKENS`` for the reply, as chat templates do. A prompt given as token ids
 counts its ids. Benchmarks that need exact counts send ``gearshift_prompt_tokens``.
 
-Generated text: each output token is one word from a fixed list, drawn by a ``random.Random`` seeded with a
-digest of (worker seed, request seed, prompt, choice index), so the same request gives the same text.
+Generated text: each output token is one word from a fixed list, drawn by a ``random.Random`` seeded by
+``choice_seed``. Greedy and seeded text depends only on the model, the prompt and the request seed, so every
+replica gives the same answer, streamed or not, whatever its batch — as a batch-invariant engine would. (Real
+vLLM is not batch-invariant: its greedy text can drift between replicas and batch sizes.)
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import random
 CHARS_PER_TOKEN = 4
 CHAT_TOKENS_PER_MESSAGE = 4
 CHAT_REPLY_PRIMING_TOKENS = 3
+GREEDY_TEMPERATURE = 1e-5
+"""Temperatures below this mean greedy sampling (vLLM's ``_SAMPLING_EPS``)."""
 
 _WORD_LIST = (
     "the of and to in is that for it as with was on be by this are from at or an which have not one all "
@@ -46,16 +50,37 @@ def text_seed(*parts: object) -> int:
     return int.from_bytes(digest, "big")
 
 
+def is_greedy(temperature: float | None) -> bool:
+    """Whether a request's temperature means greedy sampling (None is vLLM's default, 1.0: sampled)."""
+    return temperature is not None and temperature < GREEDY_TEMPERATURE
+
+
+def choice_seed(
+    *, model: str, prompt: object, choice: int, temperature: float | None, request_seed: int | None, worker_seed: int
+) -> int:
+    """The seed of one choice's text and pseudo end-of-sequence.
+
+    Greedy: the model and the prompt only (greedy decoding ignores the request seed). Seeded sampling: also
+    the request seed, choice ``i`` drawing with ``seed + i`` as vLLM's child requests do. Unseeded sampling:
+    also the worker's seed and the choice index, so replicas may answer differently.
+    """
+    if is_greedy(temperature):
+        return text_seed(model, prompt)
+    if request_seed is not None:
+        return text_seed(model, prompt, request_seed + choice)
+    return text_seed(model, prompt, "unseeded", worker_seed, choice)
+
+
 class TextStream:
-    """Deterministic word-per-token text; ``take(n)`` returns the next n tokens' text."""
+    """Deterministic word-per-token text; ``take(n)`` returns the next n tokens' texts."""
 
     def __init__(self, seed: int) -> None:
         self._rng = random.Random(seed)
         self._since_stop = 0
         self._started = False
 
-    def take(self, tokens: int) -> str:
-        return "".join(self._token() for _ in range(tokens))
+    def take(self, tokens: int) -> list[str]:
+        return [self._token() for _ in range(tokens)]
 
     def _token(self) -> str:
         rng = self._rng

@@ -11,7 +11,6 @@ simulator's: 400 invalid body or table,
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -20,14 +19,14 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
+from fleet.bearer import bearer_matches
 from fleet.clock import Clock
-from fleet.speculation import SpeculationState
+from fleet.speculation import SPECULATION_PATH, SpeculationState
 from workers.vllm.control import STATUS_OK, UNAVAILABLE_TYPE, EngineSideMissing, Reply, error_reply
 from workers.vllm.spec_metrics import WorkerSpecMetrics
 
 log = logging.getLogger("vllm.gearshift")
 
-PATH = "/gearshift/v1/speculation"
 STATE_ATTR = "gearshift_speculation"
 """Attribute of the app state that holds the ``SpeculationFront``."""
 
@@ -44,13 +43,13 @@ class SpeculationFront:
 
     def __init__(self, channel: EngineChannel, *, token: str, metrics: WorkerSpecMetrics | None) -> None:
         self._channel = channel
-        self._token = token.encode()
+        self._token = token
         self._metrics = metrics
         self._logged_unavailable = False
 
     def authorized(self, header: str | None) -> bool:
-        scheme, _, value = (header or "").partition(" ")
-        return scheme.lower() == "bearer" and hmac.compare_digest(value.strip().encode(), self._token)
+        """Whether ``header`` (``Authorization``) carries the control token as Bearer."""
+        return bearer_matches(header, self._token)
 
     async def get(self) -> Reply:
         return await self._call({"op": "get"})
@@ -120,14 +119,14 @@ def create_router() -> APIRouter:
         front = getattr(request.app.state, STATE_ATTR, None)
         return front if isinstance(front, SpeculationFront) else None
 
-    @router.get(PATH)
+    @router.get(SPECULATION_PATH)
     async def get_speculation(request: Request) -> JSONResponse:
         front = front_of(request)
         if front is None:
             return render(_NOT_INITIALISED)
         return render(await front.get())
 
-    @router.put(PATH)
+    @router.put(SPECULATION_PATH)
     async def put_speculation(request: Request) -> JSONResponse:
         front = front_of(request)
         if front is None:

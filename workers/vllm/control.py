@@ -21,6 +21,7 @@ from pydantic import ValidationError
 
 from fleet.clock import Clock
 from fleet.speculation import (
+    FullSpeed,
     Schedule,
     ScheduleError,
     SpeculationControl,
@@ -47,13 +48,16 @@ class EngineView:
 
     ``lookup`` is the scheduler's own dense list (index = batch size, value = k), or None when the server was
     started without ``num_speculative_tokens_per_batch_size``; ``k_max`` is the start-up
-    ``num_speculative_tokens`` (0 without speculation); ``method`` the speculative method or None.
+    ``num_speculative_tokens`` (0 without speculation); ``method`` the speculative method or None;
+    ``full_speed`` the ``(k, from_bs, to_bs)`` rows the model runner has captured decode graphs for, or None when
+    no shape has a faster path (eager, the CPU build): every gear alike.
     """
 
     lookup: MutableSequence[int] | None
     k_max: int
     max_num_seqs: int
     method: str | None
+    full_speed: FullSpeed | None = None
 
 
 class EngineSideMissing(RuntimeError):
@@ -128,6 +132,7 @@ class EngineSpeculation:
             max_num_seqs=view.max_num_seqs,
             fallback=schedule_from_dense(view.lookup),
             clock=clock,
+            full_speed=view.full_speed,
         )
         log.info("gearshift: speculation control ready, start-up schedule %s", self._control.fallback)
 

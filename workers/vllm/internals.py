@@ -12,6 +12,11 @@ A vLLM upgrade edits this file only. What it relies on:
   ``scheduler.scheduler_config.max_num_seqs``; ``engine_core.vllm_config.speculative_config.method``.
 - The API server's ``EngineClient`` (``AsyncLLM``) holds ``engine_core``, an ``AsyncMPClient`` whose
   ``call_utility_async(name, *args)`` sends that utility call to the EngineCore process.
+- ``EngineCore.collective_rpc(fn, args=…)`` runs ``fn(worker, *args)`` in every model worker process (a
+  module-level function travels by reference); ``worker.model_runner.cudagraph_manager`` is Model Runner V2's
+  ``vllm.v1.worker.gpu.cudagraph_utils.CudaGraphManager`` (V1 runners, the CPU one included, have none), whose
+  ``dispatch(num_reqs, num_tokens, uniform_token_count, num_active_loras, max_query_len=…)`` is what the runner
+  asks before each step; ``CUDAGraphMode.FULL`` in the answer means a captured graph replays.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from fleet.speculation import FullSpeed, full_speed_rows
 from workers.vllm.control import EngineSideMissing, EngineView, Reply
 
 log = logging.getLogger("vllm.gearshift")
@@ -36,12 +42,65 @@ def engine_view(engine_core: Any) -> EngineView:
     """Read the scheduler's dense k lookup and start-up limits off a live ``EngineCore``."""
     scheduler = engine_core.scheduler
     spec_config = getattr(engine_core.vllm_config, "speculative_config", None)
+    lookup = getattr(scheduler, "dynamic_sd_lookup", None)
+    k_max = int(getattr(scheduler, "num_spec_tokens", 0) or 0)
+    max_num_seqs = int(scheduler.scheduler_config.max_num_seqs)
     return EngineView(
-        lookup=getattr(scheduler, "dynamic_sd_lookup", None),
-        k_max=int(getattr(scheduler, "num_spec_tokens", 0) or 0),
-        max_num_seqs=int(scheduler.scheduler_config.max_num_seqs),
+        lookup=lookup,
+        k_max=k_max,
+        max_num_seqs=max_num_seqs,
         method=None if spec_config is None else str(spec_config.method),
+        full_speed=None if lookup is None or k_max <= 0 else engine_full_speed(engine_core, k_max, max_num_seqs),
     )
+
+
+def engine_full_speed(engine_core: Any, k_max: int, max_num_seqs: int) -> FullSpeed | None:
+    """What the engine's model workers run at full speed (``worker_full_speed`` on the first worker's answer).
+
+    None (every gear alike) when the runner has no shape-dependent decode graphs; also None, after an ERROR in
+    the log, when the workers cannot be asked (the worker then refuses no gear).
+    """
+    try:
+        answers = engine_core.collective_rpc(worker_full_speed, args=(k_max, max_num_seqs))
+    except Exception:
+        log.exception("gearshift: asking the model workers for their captured decode graphs failed")
+        return None
+    rows = answers[0] if answers else None
+    if rows is None:
+        log.info("gearshift: no shape-dependent decode graphs (eager or Model Runner V1): every gear runs alike")
+        return None
+    full_speed = tuple((int(k), int(lo), int(hi)) for k, lo, hi in rows)
+    log.info("gearshift: full-speed (k, from_bs, to_bs): %s", full_speed)
+    return full_speed
+
+
+def worker_full_speed(worker: Any, k_max: int, max_num_seqs: int) -> list[list[int]] | None:
+    """Runs in a model worker process (``collective_rpc``): its runner's full-speed rows, or None without an
+    MRv2 graph manager. Plain lists, so the answer crosses the process boundary as primitives."""
+    manager = getattr(getattr(worker, "model_runner", None), "cudagraph_manager", None)
+    if manager is None:
+        return None
+    rows = decode_full_speed(manager, k_max=k_max, max_num_seqs=max_num_seqs)
+    return None if rows is None else [list(row) for row in rows]
+
+
+def decode_full_speed(manager: Any, *, k_max: int, max_num_seqs: int) -> FullSpeed | None:
+    """Ask MRv2's ``CudaGraphManager.dispatch`` about a uniform decode of every batch size 1…max_num_seqs at
+    every k 0…k_max (``n`` requests of ``k + 1`` tokens): the (k, n) answered with a FULL graph run at full speed.
+
+    None when the manager captures no FULL decode graphs at all (eager, PIECEWISE only): every gear alike.
+    """
+    from vllm.config.compilation import CUDAGraphMode
+
+    if manager.cudagraph_mode.decode_mode() != CUDAGraphMode.FULL:
+        return None
+    pairs = []
+    for k in range(k_max + 1):
+        for n in range(1, max_num_seqs + 1):
+            desc = manager.dispatch(n, n * (k + 1), k + 1, 0, max_query_len=k + 1)
+            if desc.cg_mode == CUDAGraphMode.FULL:
+                pairs.append((k, n))
+    return full_speed_rows(pairs)
 
 
 def install_engine_hooks(

@@ -1,9 +1,13 @@
 """Build the vLLM server command line of a real worker from its fleet entry. Pure: no process, no vLLM import.
 
 The command makes run-time speculation control possible: the speculative config carries both the start-up
-``num_speculative_tokens`` (= k_max, the most the plugin can ever set) and the per-batch-size table
-``[[1, max_num_seqs, k_max]]`` (without it vLLM builds no lookup the plugin could rewrite), and the
-environment names the plugin in ``VLLM_PLUGINS`` (endpoint plugins load only when named there).
+``num_speculative_tokens`` (= k_max, the most the plugin can ever set) and a per-batch-size table (without it
+vLLM builds no lookup the plugin could rewrite), and the environment names the plugin in ``VLLM_PLUGINS``
+(endpoint plugins load only when named there).
+
+On a GPU the table and ``--cudagraph-capture-sizes`` come from ``workers.vllm.gears``, so Model Runner V2
+(``VLLM_USE_V2_MODEL_RUNNER=1``) captures a decode graph for every gear; the CPU build runs eager and keeps the
+one-row table ``[[1, max_num_seqs, k_max]]``.
 """
 
 from __future__ import annotations
@@ -18,9 +22,14 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from fleet.config import WorkerConfig, WorkerKind
+from fleet.speculation import Schedule
+from workers.vllm.gears import CAPTURE_SIZES_FLAG, GearPlan, gear_plan
 
 PLUGIN_NAME = "gearshift"
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+MODEL_RUNNER_V2_ENV = "VLLM_USE_V2_MODEL_RUNNER"
+"""On: Model Runner V1 turns full CUDA graphs into PIECEWISE ones whenever the table is set (vLLM 0.32,
+``VllmConfig._maybe_override_dynamic_sd_cudagraph_mode``)."""
 
 
 class LaunchError(ValueError):
@@ -76,15 +85,32 @@ class LaunchPlan:
         return f"{env} {shlex.join(self.argv)}".strip()
 
 
-def speculative_config(worker: WorkerConfig, *, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """vLLM's ``--speculative-config`` for ``worker``: method, k_max, drafter weights and the start-up table."""
+def speculative_config(
+    worker: WorkerConfig, *, table: Schedule | None = None, extra: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """vLLM's ``--speculative-config`` for ``worker``: method, k_max, drafter weights and the start-up table
+    (``table``, by default the one row ``[[1, max_num_seqs, k_max]]``)."""
     drafter = worker.drafter
     config: dict[str, Any] = {"method": drafter.method, "num_speculative_tokens": drafter.k_max}
     if drafter.model is not None:
         config["model"] = drafter.model
-    config["num_speculative_tokens_per_batch_size"] = [[1, worker.max_num_seqs, drafter.k_max]]
+    rows = table if table is not None else ((1, worker.max_num_seqs, drafter.k_max),)
+    config["num_speculative_tokens_per_batch_size"] = [list(row) for row in rows]
     config.update(extra or {})
     return config
+
+
+def worker_gear_plan(worker: WorkerConfig) -> GearPlan:
+    """The GPU gear plan of ``worker`` (start-up table, capture sizes, expected full-speed set)."""
+    if any(arg.split("=", 1)[0] == CAPTURE_SIZES_FLAG for arg in worker.extra_args):
+        raise LaunchError(
+            f"extra_args: {CAPTURE_SIZES_FLAG} is written by the launcher (a decode graph for every gear); "
+            "bound it with --max-cudagraph-capture-size instead"
+        )
+    try:
+        return gear_plan(k_max=worker.drafter.k_max, max_num_seqs=worker.max_num_seqs, extra_args=worker.extra_args)
+    except ValueError as exc:
+        raise LaunchError(f"extra_args: --max-cudagraph-capture-size must be an integer ({exc})") from exc
 
 
 def bind_host(url: str) -> str:
@@ -132,8 +158,15 @@ def build_launch(
     argv += ["--tensor-parallel-size", str(worker.tensor_parallel_size)]
     argv += ["--max-num-seqs", str(worker.max_num_seqs)]
     argv += ["--scheduling-policy", "priority"]
-    argv += ["--speculative-config", json.dumps(speculative_config(worker, extra=speculative_extra))]
     env = {"VLLM_PLUGINS": PLUGIN_NAME, "GEARSHIFT_WORKER_ID": worker.id}
+    if cpu is None:
+        plan = worker_gear_plan(worker)
+        spec = speculative_config(worker, table=plan.table, extra=speculative_extra)
+        argv += ["--speculative-config", json.dumps(spec)]
+        argv += [CAPTURE_SIZES_FLAG, *(str(size) for size in plan.capture_sizes)]
+        env[MODEL_RUNNER_V2_ENV] = "1"
+    else:
+        argv += ["--speculative-config", json.dumps(speculative_config(worker, extra=speculative_extra))]
     if multi_node is not None and multi_node.nnodes > 1:
         argv += ["--nnodes", str(multi_node.nnodes), "--node-rank", str(multi_node.node_rank)]
         argv += ["--master-addr", multi_node.master_addr]

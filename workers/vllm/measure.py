@@ -16,16 +16,16 @@ from pathlib import Path
 
 import httpx
 
-from workers.vllm.counters import SpecCounters, parse_spec_counters
-
-SPEC_PATH = "/gearshift/v1/speculation"
+from fleet.scrape import WorkerScrape, parse_worker_metrics
+from fleet.speculation import SpeculationUpdate
+from fleet.speculation_client import SpeculationClient
 
 
 @dataclass(frozen=True)
 class BatchResult:
     completion_tokens: int
     seconds: float
-    counters: SpecCounters
+    counters: WorkerScrape
     """Change of vLLM's counters over the batch."""
 
     @property
@@ -33,10 +33,10 @@ class BatchResult:
         return self.completion_tokens / self.seconds if self.seconds > 0 else 0.0
 
 
-async def read_counters(client: httpx.AsyncClient, base_url: str) -> SpecCounters:
+async def read_counters(client: httpx.AsyncClient, base_url: str) -> WorkerScrape:
     response = await client.get(f"{base_url}/metrics")
     response.raise_for_status()
-    return parse_spec_counters(response.text)
+    return parse_worker_metrics(response.text)
 
 
 async def _complete(
@@ -72,13 +72,6 @@ async def run_batch(
     return BatchResult(completion_tokens=sum(tokens), seconds=seconds, counters=after - before)
 
 
-async def put_k(client: httpx.AsyncClient, base_url: str, *, k: int, version: int, token: str, lease_s: float) -> None:
-    headers = {"Authorization": f"Bearer {token}"}
-    body = {"k": k, "version": version, "lease_seconds": lease_s, "reason": "measure"}
-    response = await client.put(f"{base_url}{SPEC_PATH}", json=body, headers=headers)
-    response.raise_for_status()
-
-
 def process_group_rss_bytes(pgid: int, proc_root: Path = Path("/proc")) -> int:
     """Sum of resident set sizes, bytes, of every process in group ``pgid`` (API server, EngineCore, worker).
 
@@ -107,11 +100,8 @@ class KResult:
     batches: tuple[BatchResult, ...]
 
     @property
-    def counters(self) -> SpecCounters:
-        total = SpecCounters()
-        for b in self.batches:
-            total = total + b.counters
-        return total
+    def counters(self) -> WorkerScrape:
+        return sum((b.counters for b in self.batches), start=WorkerScrape())
 
     @property
     def tokens_per_second(self) -> float:
@@ -134,11 +124,13 @@ async def sweep(
     batches: dict[int, list[BatchResult]] = {k: [] for k in ks}
     version = 0
     async with httpx.AsyncClient(timeout=timeout_s) as client:
+        control = SpeculationClient(client, control_token=token)
         await run_batch(client, base_url, model=model, requests=requests, max_tokens=max_tokens)
         for _ in range(rounds):
             for k in ks:
                 version += 1
-                await put_k(client, base_url, k=k, version=version, token=token, lease_s=600.0)
+                update = SpeculationUpdate(k=k, version=version, lease_seconds=600.0, reason="measure")
+                await control.update(base_url, update)
                 batch = await run_batch(client, base_url, model=model, requests=requests, max_tokens=max_tokens)
                 batches[k].append(batch)
     return [KResult(k=k, batches=tuple(batches[k])) for k in ks]

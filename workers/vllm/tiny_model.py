@@ -53,8 +53,8 @@ def build_tiny_model(out: Path, spec: TinyModelSpec | None = None) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}-") as tmp:
         work = Path(tmp)
-        tokenizer = _build_tokenizer(work, spec)
-        _build_model(work, spec, bos=tokenizer.bos_token_id, eos=tokenizer.eos_token_id)
+        bos, eos = _build_tokenizer(work, spec)
+        _build_model(work, spec, bos=bos, eos=eos)
         (work / _STAMP).write_text(json.dumps(asdict(spec)))
         shutil.rmtree(out, ignore_errors=True)
         work.rename(out)
@@ -62,7 +62,8 @@ def build_tiny_model(out: Path, spec: TinyModelSpec | None = None) -> Path:
     return out
 
 
-def _build_tokenizer(out: Path, spec: TinyModelSpec):  # type: ignore[no-untyped-def]
+def _build_tokenizer(out: Path, spec: TinyModelSpec) -> tuple[int, int]:
+    """Train a byte-level BPE tokenizer on the tiny corpus and save it into ``out``; returns its (bos, eos) ids."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -89,7 +90,7 @@ def _build_tokenizer(out: Path, spec: TinyModelSpec):  # type: ignore[no-untyped
         "{% if add_generation_prompt %}assistant: {% endif %}"
     )
     fast.save_pretrained(str(out))
-    return fast
+    return int(fast.bos_token_id), int(fast.eos_token_id)
 
 
 def _build_model(out: Path, spec: TinyModelSpec, *, bos: int, eos: int) -> None:

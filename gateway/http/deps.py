@@ -1,0 +1,40 @@
+"""FastAPI dependencies as ``Annotated`` aliases (STYLE 5)."""
+
+from __future__ import annotations
+
+from typing import Annotated, cast
+
+from fastapi import Depends, Request
+
+from fleet.bearer import bearer_matches
+from gateway.auth import Principal, presented_secret
+from gateway.core import Gateway
+from gateway.errors import AuthenticationFailed
+
+
+# Every dependency is ``async def``: FastAPI runs plain ``def`` dependencies in a thread pool, which would cost a
+# thread hop per dependency per request.
+async def get_gateway(request: Request) -> Gateway:
+    return cast(Gateway, request.app.state.gateway)
+
+
+GatewayDep = Annotated[Gateway, Depends(get_gateway)]
+
+
+async def get_principal(request: Request, gw: GatewayDep) -> Principal:
+    """The tenant behind the request's Bearer key."""
+    return await gw.keys.authenticate(request.headers.get("authorization"))
+
+
+PrincipalDep = Annotated[Principal, Depends(get_principal)]
+
+
+async def require_admin(request: Request, gw: GatewayDep) -> None:
+    """The admin API takes its own key, compared in constant time."""
+    authorization = request.headers.get("authorization")
+    presented_secret(authorization)  # 401 for a missing or malformed header, with its own message
+    if not bearer_matches(authorization, gw.settings.admin_key.get_secret_value()):
+        raise AuthenticationFailed("Incorrect admin key.")
+
+
+AdminDep = Annotated[None, Depends(require_admin)]

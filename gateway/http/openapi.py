@@ -1,0 +1,119 @@
+"""The OpenAPI document of the gateway (served at ``/openapi.json``).
+
+The completion routes are served by ``gateway.http.entry`` outside FastAPI's router and read their bodies as raw
+bytes (no per-request pydantic model), so their operations — request schemas included — are declared here for
+the document only; they cost nothing at run time. Every route documents the OpenAI error object, and the
+tenant and admin APIs their Bearer scheme.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+from pydantic import BaseModel
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorBody(BaseModel):
+    """The OpenAI error object every error response carries."""
+
+    error: ErrorDetail
+
+
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorBody, "description": text}
+    for status, text in (
+        (400, "Invalid request"),
+        (401, "Missing or wrong API key"),
+        (403, "Model not allowed for this tenant"),
+        (404, "Unknown model or resource"),
+        (413, "Body too large"),
+        (429, "A tenant limit (rpm, tpm, concurrency, budget) refused the request; see Retry-After"),
+        (502, "The worker failed"),
+        (503, "No worker available, or the shared store is away"),
+        (504, "The worker timed out"),
+    )
+}
+
+_COMMON = {
+    "model": {"type": "string"},
+    "stream": {"type": "boolean"},
+    "stream_options": {"type": "object", "properties": {"include_usage": {"type": "boolean"}}},
+    "max_tokens": {"type": "integer", "minimum": 1},
+    "max_completion_tokens": {"type": "integer", "minimum": 1},
+    "n": {"type": "integer", "minimum": 1},
+    "temperature": {"type": "number"},
+}
+
+
+def _body(required: list[str], properties: dict[str, Any]) -> dict[str, Any]:
+    schema = {"type": "object", "required": required, "properties": {**_COMMON, **properties}}
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+
+
+CHAT_BODY = _body(
+    ["model", "messages"],
+    {
+        "messages": {
+            "type": "array",
+            "minItems": 1,
+            "items": {
+                "type": "object",
+                "required": ["role"],
+                "properties": {"role": {"type": "string"}, "content": {"type": ["string", "array", "null"]}},
+            },
+        }
+    },
+)
+TEXT_BODY = _body(["model", "prompt"], {"prompt": {"type": ["string", "array"]}})
+
+
+def _completion(operation_id: str, summary: str, body: dict[str, Any]) -> dict[str, Any]:
+    """A completion operation as FastAPI would document a route with ``body`` and ``ERROR_RESPONSES``."""
+    error_schema = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}
+    responses: dict[str, Any] = {
+        "200": {"description": "Successful Response", "content": {"application/json": {"schema": {}}}},
+        **{
+            str(status): {"description": r["description"], "content": error_schema}
+            for status, r in ERROR_RESPONSES.items()
+        },
+    }
+    return {"post": {"summary": summary, "operationId": operation_id, **body, "responses": responses}}
+
+
+COMPLETION_PATHS = {
+    "/v1/chat/completions": _completion("chat_completions_v1_chat_completions_post", "Chat Completions", CHAT_BODY),
+    "/v1/completions": _completion("completions_v1_completions_post", "Completions", TEXT_BODY),
+}
+
+
+def install_openapi(app: FastAPI) -> None:
+    """Generate the document once, adding the completion operations and the Bearer scheme to the tenant and
+    admin routes."""
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+            schema["paths"] = {**copy.deepcopy(COMPLETION_PATHS), **schema["paths"]}
+            schema.setdefault("components", {})["securitySchemes"] = {
+                "apiKey": {"type": "http", "scheme": "bearer", "description": "A tenant's API key"},
+                "adminKey": {"type": "http", "scheme": "bearer", "description": "GEARSHIFT_ADMIN_KEY"},
+            }
+            for path, operations in schema["paths"].items():
+                scheme = "adminKey" if path.startswith("/admin/") else "apiKey" if path.startswith("/v1/") else None
+                for operation in operations.values():
+                    if scheme is not None:
+                        operation["security"] = [{scheme: []}]
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]

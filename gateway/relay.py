@@ -1,0 +1,138 @@
+"""Relaying a worker's answer to the client, and noticing when the client goes away.
+
+``DisconnectGuard`` watches the ASGI ``receive`` channel for the whole call and cancels the request's task on
+``http.disconnect``: before the response starts (admission, queueing at the worker, prefill, a whole
+non-streaming generation) the cancellation surfaces as ``ClientDisconnected``; once a stream has started it is
+simply the end of the call. Either way the cancellation unwinds through the request's hold on its worker,
+which closes the upstream request, so the worker stops generating for nobody. The watcher task starts only
+once the call has run for ``arm_after_s``: most requests to a fast upstream finish sooner, and a timer costs
+far less than a task on the hot path (Starlette's streaming response spends two tasks and a cancel scope on
+every stream to do the same).
+
+``stream`` passes the worker's events through as they complete (``gateway.sse.StreamMeter`` reads them on the
+way) and reports how the stream ended; ``read_whole`` reads a whole answer. Neither meters nor releases
+anything: the pipeline meters, and the hold (``gateway.upstream.Hold``) releases.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from types import TracebackType
+
+import aiohttp
+import orjson
+from starlette.types import Receive, Send
+
+from fleet.clock import Clock
+from gateway.errors import ClientDisconnected, GatewayError, UpstreamFailed, UpstreamTimeout
+from gateway.sse import StreamMeter, Usage, usage_of
+from gateway.upstream import Hold
+
+ARM_AFTER_S = 0.05
+SSE_HEADERS: tuple[tuple[bytes, bytes], ...] = (
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+)
+
+
+class DisconnectGuard:
+    """``with DisconnectGuard(receive) as guard: …`` — the block is cancelled if the client disconnects
+    meanwhile. Use only after the request body has been read (the guard consumes ``receive``). Set ``answering``
+    once the response has started: a disconnect then ends the block quietly instead of raising
+    ``ClientDisconnected`` (there is nobody left to answer)."""
+
+    def __init__(self, receive: Receive | None, *, arm_after_s: float = ARM_AFTER_S) -> None:
+        self._receive = receive
+        self._arm_after_s = arm_after_s
+        self._task: asyncio.Task[object] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._watch: asyncio.Task[None] | None = None
+        self.fired = False
+        self.answering = False
+
+    def __enter__(self) -> DisconnectGuard:
+        if self._receive is not None:
+            self._task = asyncio.current_task()
+            self._timer = asyncio.get_running_loop().call_later(self._arm_after_s, self._arm)
+        return self
+
+    def _arm(self) -> None:
+        self._timer = None
+        if self._receive is not None:
+            self._watch = asyncio.get_running_loop().create_task(self._watch_receive(self._receive))
+
+    async def _watch_receive(self, receive: Receive) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        self.fired = True
+        if self._task is not None:
+            self._task.cancel()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool:
+        if self._timer is not None:
+            self._timer.cancel()
+        if self._watch is not None:
+            self._watch.cancel()
+        if self.fired and self._task is not None:
+            self._task.uncancel()
+            if exc_type is asyncio.CancelledError:
+                if self.answering:
+                    return True
+                raise ClientDisconnected("The client closed the connection before the response.") from None
+        return False
+
+
+async def stream(
+    hold: Hold,
+    meter: StreamMeter,
+    send: Send,
+    guard: DisconnectGuard,
+    *,
+    headers: Sequence[tuple[bytes, bytes]],
+    clock: Clock,
+    idle_timeout_s: float,
+) -> GatewayError | None:
+    """Send the response head (with ``headers``) and the worker's events as they complete, up to its
+    ``[DONE]`` (held back: the caller ends the stream). Returns None at ``[DONE]``, or the failure that ended
+    the stream early: nothing for ``idle_timeout_s`` seconds, a broken connection, or an end without
+    ``[DONE]``."""
+    await send({"type": "http.response.start", "status": 200, "headers": [*SSE_HEADERS, *headers]})
+    guard.answering = True
+    content, worker = hold.response.content, hold.worker.id
+    chunk = hold.first_chunk
+    while True:
+        out = meter.feed(chunk, clock.monotonic())
+        if out:
+            await send({"type": "http.response.body", "body": out, "more_body": True})
+        if meter.done:
+            return None
+        try:
+            async with asyncio.timeout(idle_timeout_s):
+                chunk = await content.readany()
+        except TimeoutError:
+            return UpstreamTimeout(f"Worker {worker} sent nothing for {idle_timeout_s} s.")
+        except (aiohttp.ClientError, OSError) as exc:
+            return UpstreamFailed(f"Worker {worker} failed mid-stream: {exc!r}")
+        if not chunk:
+            return UpstreamFailed(f"Worker {worker} ended the stream without [DONE].")
+
+
+async def read_whole(hold: Hold, *, timeout_s: float) -> tuple[bytes, Usage | None]:
+    """The rest of a whole (non-streamed, or error) answer within ``timeout_s`` seconds, and the usage block of
+    a successful one; ``UpstreamFailed`` when the worker breaks off or a 200 answer is not JSON."""
+    response, worker = hold.response, hold.worker.id
+    try:
+        async with asyncio.timeout(timeout_s):
+            body = hold.first_chunk + await response.read()
+    except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+        raise UpstreamFailed(f"Worker {worker} failed while answering: {exc!r}") from None
+    if response.status != 200:
+        return body, None
+    try:
+        return body, usage_of(orjson.loads(body))
+    except orjson.JSONDecodeError:
+        raise UpstreamFailed(f"Worker {worker} answered with a body that is not JSON.") from None

@@ -1,0 +1,301 @@
+"""The gateway test harness: a fake vLLM worker (aiohttp on loopback, with failure modes), configs for fake
+fleets and tenants, and a real gateway (uvicorn on a free loopback port) served in the test's event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+import httpx
+import orjson
+from aiohttp import web
+from opentelemetry.sdk.trace.export import SpanExporter
+
+from fleet.clock import Clock, SystemClock
+from fleet.config import FleetConfig, TenantsConfig, key_digest
+from fleet.store.memory import MemoryStore
+from fleet.store.protocol import Store
+from gateway.core import Gateway
+from gateway.http.serve import GatewayServer
+from gateway.settings import GatewaySettings
+
+
+# ------------------------------------------------------------------------------------------- fake worker
+class Mode(StrEnum):
+    OK = "ok"
+    DROP = "drop"
+    """Close the connection before sending anything."""
+    HTTP_500 = "http_500"
+    DIE_MID_STREAM = "die_mid_stream"
+    """Stream ``die_after`` chunks, then drop the connection."""
+    HANG = "hang"
+    """Accept the request and never answer."""
+    GARBAGE = "garbage"
+    """Answer 200 with a body that is not JSON / not SSE."""
+    TRUNCATE = "truncate"
+    """Stream some chunks, then end the body cleanly without ``[DONE]``."""
+
+
+@dataclass
+class FakeUpstream:
+    mode: Mode = Mode.OK
+    chunks: int = 8
+    """Completion tokens per response (one per chunk), fewer when ``max_tokens`` is lower (like an early EOS)."""
+    delay_s: float = 0.0
+    """Pause between stream chunks, seconds."""
+    die_after: int = 2
+    healthy: bool = True
+    prompt_tokens: int = 7
+    bodies: list[dict[str, Any]] = field(default_factory=list)
+    abandoned: int = 0
+    """Streams the client closed before the end."""
+    abandoned_event: asyncio.Event = field(default_factory=asyncio.Event)
+    url: str = ""
+    _runner: web.AppRunner | None = None
+
+    async def start(self) -> FakeUpstream:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_post("/v1/chat/completions", self._complete)
+        app.router.add_post("/v1/completions", self._complete)
+        app.router.add_get("/health", self._health)
+        self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        port = self._runner.addresses[0][1]
+        self.url = f"http://127.0.0.1:{port}"
+        return self
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    # --------------------------------------------------------------------------------------------- handlers
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.Response(status=200 if self.healthy else 503)
+
+    async def _complete(self, request: web.Request) -> web.StreamResponse:
+        body = orjson.loads(await request.read())
+        self.bodies.append(body)
+        chat = request.path.endswith("/chat/completions")
+        n = min(int(body.get("max_tokens") or body.get("max_completion_tokens") or self.chunks), self.chunks)
+        if self.mode is Mode.DROP:
+            return self._drop(request)
+        if self.mode is Mode.HTTP_500:
+            return web.json_response(
+                {"error": {"message": "engine crashed", "type": "InternalServerError"}}, status=500
+            )
+        if self.mode is Mode.HANG:
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                self._abandon()
+                raise
+        if self.mode is Mode.GARBAGE:
+            return web.Response(body=b"<html>not json", content_type="text/html")
+        if body.get("stream"):
+            return await self._stream(request, body, chat=chat, n=n)
+        return web.json_response(self._whole(body, chat=chat, n=n))
+
+    def _drop(self, request: web.Request) -> web.StreamResponse:
+        assert request.transport is not None
+        request.transport.abort()
+        return web.Response()
+
+    def _whole(self, body: dict[str, Any], *, chat: bool, n: int) -> dict[str, Any]:
+        text = "tok " * n
+        choice: dict[str, Any] = (
+            {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}
+            if chat
+            else {"index": 0, "text": text, "finish_reason": "length"}
+        )
+        return {
+            "id": "cmpl-fake",
+            "object": "chat.completion" if chat else "text_completion",
+            "created": 0,
+            "model": body.get("model"),
+            "choices": [choice],
+            "usage": {
+                "prompt_tokens": self.prompt_tokens,
+                "completion_tokens": n,
+                "total_tokens": self.prompt_tokens + n,
+            },
+        }
+
+    def _chunk(self, body: dict[str, Any], *, chat: bool, delta: dict[str, Any] | None, text: str = "") -> bytes:
+        choice = {"index": 0, "delta": delta, "finish_reason": None} if chat else {"index": 0, "text": text}
+        obj = {
+            "id": "cmpl-fake",
+            "object": "chat.completion.chunk" if chat else "text_completion",
+            "created": 0,
+            "model": body.get("model"),
+            "choices": [choice],
+        }
+        return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+    async def _stream(self, request: web.Request, body: dict[str, Any], *, chat: bool, n: int) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await resp.prepare(request)
+        try:
+            if chat:
+                await resp.write(self._chunk(body, chat=True, delta={"role": "assistant", "content": ""}))
+            for i in range(n):
+                if self.mode is Mode.DIE_MID_STREAM and i == self.die_after:
+                    return self._drop(request)
+                if self.mode is Mode.TRUNCATE and i == self.die_after:
+                    await resp.write_eof()
+                    return resp
+                if self.delay_s:
+                    await asyncio.sleep(self.delay_s)
+                await resp.write(self._chunk(body, chat=chat, delta={"content": "tok "}, text="tok "))
+            if (body.get("stream_options") or {}).get("include_usage"):
+                usage = {
+                    "prompt_tokens": self.prompt_tokens,
+                    "completion_tokens": n,
+                    "total_tokens": self.prompt_tokens + n,
+                }
+                obj: dict[str, Any] = {
+                    "id": "cmpl-fake",
+                    "object": "chat.completion.chunk",
+                    "created": 0,
+                    "model": body.get("model"),
+                    "choices": [],
+                    "usage": usage,
+                }
+                await resp.write(b"data: " + orjson.dumps(obj) + b"\n\n")
+            await resp.write(b"data: [DONE]\n\n")
+            await resp.write_eof()
+        except (asyncio.CancelledError, ConnectionResetError):
+            self._abandon()
+            raise
+        return resp
+
+    def _abandon(self) -> None:
+        self.abandoned += 1
+        self.abandoned_event.set()
+
+
+StartUpstreams = Callable[..., Awaitable[list[FakeUpstream]]]
+"""The ``upstreams`` fixture: starts fake workers on loopback and returns them."""
+
+
+# ----------------------------------------------------------------------------------------------- gateway
+PEPPER = "test-pepper"
+ADMIN_KEY = "test-admin-key"
+MODEL = "kimi-k3"
+KEYS = {"alpha": "sk-alpha", "beta": "sk-beta", "gamma": "sk-gamma"}
+"""Tenant → its API key secret."""
+
+
+def make_fleet(urls: list[str], *, model: str = MODEL) -> FleetConfig:
+    return FleetConfig.model_validate(
+        {
+            "models": [{"name": model}, {"name": "other-model"}],
+            "workers": [{"id": f"w{i}", "url": url, "model": model, "max_num_seqs": 64} for i, url in enumerate(urls)],
+        }
+    )
+
+
+def make_tenants(**overrides: dict[str, Any]) -> TenantsConfig:
+    """Tenants alpha (interactive), beta (batch) and gamma (may use only ``other-model``); ``overrides``
+    replace fields per tenant id (``alpha={"rpm": 2}``)."""
+    base: dict[str, dict[str, Any]] = {
+        "alpha": {"tier": "interactive", "models": ["*"]},
+        "beta": {"tier": "batch", "models": [MODEL]},
+        "gamma": {"tier": "interactive", "models": ["other-model"]},
+    }
+    tenants = [
+        {
+            "id": tid,
+            **fields,
+            **overrides.get(tid, {}),
+            "keys": [{"id": f"{tid}-1", "digest": key_digest(KEYS[tid], pepper=PEPPER)}],
+        }
+        for tid, fields in base.items()
+    ]
+    return TenantsConfig.model_validate(
+        {
+            "tiers": {
+                "interactive": {"priority": 0, "tpot_target_s": 0.05, "speculation": "speed"},
+                "batch": {"priority": 10, "speculation": "throughput", "sheddable": True},
+            },
+            "tenants": tenants,
+        }
+    )
+
+
+def make_settings(**overrides: Any) -> GatewaySettings:
+    defaults: dict[str, Any] = {
+        "key_pepper": PEPPER,
+        "admin_key": ADMIN_KEY,
+        "port": 0,
+        "connect_timeout_s": 1.0,
+        "first_byte_timeout_s": 2.0,
+        "idle_timeout_s": 2.0,
+        "request_timeout_s": 5.0,
+        "health_interval_s": 0.5,
+        "health_timeout_s": 0.5,
+        "state_refresh_s": 0.05,
+        "key_cache_ttl_s": 0.2,
+        "log_level": "WARNING",
+    }
+    return GatewaySettings(**{**defaults, **overrides})
+
+
+@dataclass
+class RunningGateway:
+    url: str
+    gw: Gateway
+    store: Store
+
+    def client(self, tenant: str | None = "alpha", **kwargs: Any) -> httpx.AsyncClient:
+        headers = {"authorization": f"Bearer {KEYS[tenant]}"} if tenant else {}
+        return httpx.AsyncClient(base_url=self.url, headers=headers, **{"timeout": 10.0, **kwargs})
+
+    def admin(self) -> httpx.AsyncClient:
+        return httpx.AsyncClient(base_url=self.url, headers={"authorization": f"Bearer {ADMIN_KEY}"}, timeout=10.0)
+
+
+@contextlib.asynccontextmanager
+async def serve_gateway(
+    fleet: FleetConfig,
+    tenants: TenantsConfig,
+    *,
+    store: Store | None = None,
+    clock: Clock | None = None,
+    span_exporter: SpanExporter | None = None,
+    **settings: Any,
+) -> AsyncIterator[RunningGateway]:
+    """A real gateway on a free loopback port, served by uvicorn in this event loop."""
+    clock = clock or SystemClock()
+    store = store or MemoryStore(clock=clock)
+    server = GatewayServer(
+        make_settings(**settings),
+        store=store,
+        clock=clock,
+        fleet=fleet,
+        tenants=tenants,
+        rng=random.Random(7),
+        span_exporter=span_exporter,
+        handle_signals=False,
+    )
+    await server.start()
+    try:
+        yield RunningGateway(url=server.url, gw=server.gateway, store=store)
+    finally:
+        await server.stop()
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], *, timeout_s: float = 5.0, every_s: float = 0.02) -> None:
+    """Poll ``check`` until it is true; fail after ``timeout_s`` seconds."""
+    for _ in range(int(timeout_s / every_s) + 1):
+        if await check():
+            return
+        await asyncio.sleep(every_s)
+    raise AssertionError(f"condition not met within {timeout_s} s")
