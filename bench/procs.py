@@ -1,6 +1,6 @@
 """Child processes for the benchmarks and the tests: loopback ports, a handle on a started process,
-``redis-server``, and gearshift's own commands (``gearshift sim serve``, ``gearshift gateway``,
-``gearshift controller``).
+``redis-server`` (alone or as a Redis Cluster), and gearshift's own commands (``gearshift sim serve``,
+``gearshift gateway``, ``gearshift controller``).
 
 Every child runs in its own process group with its output in a log file, listens on 127.0.0.1 on a port
 chosen at run time, and is waited for by polling with a deadline (never a fixed sleep). Faults are real
@@ -303,3 +303,100 @@ def start_redis(
             return proc
         proc.stop()
     raise ProcessFailed(f"{name}: redis-server did not answer PING:\n{proc.log_tail()}")
+
+
+def _redis_info(port: int, command: bytes) -> bytes:
+    """The raw reply of an INFO-like ``command`` from 127.0.0.1:``port`` (b"" when it does not answer)."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
+            sock.sendall(command + b"\r\n")
+            return sock.recv(65536)
+    except OSError:
+        return b""
+
+
+def redis_cluster_ok(port: int) -> bool:
+    """True when the Redis Cluster node on 127.0.0.1:``port`` reports ``cluster_state:ok`` and, if it is a
+    replica, has finished its first sync with its master (until then it could not take over)."""
+    if b"cluster_state:ok" not in _redis_info(port, b"CLUSTER INFO"):
+        return False
+    replication = _redis_info(port, b"INFO replication")
+    return b"role:master" in replication or b"master_link_status:up" in replication
+
+
+_CLUSTER_BUS_OFFSET = 10_000
+"""A cluster node also listens on its port + 10 000 (the cluster bus), so its port must be at most 55 535."""
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def free_cluster_port(*, attempts: int = 200) -> int:
+    """A free port on 127.0.0.1 whose cluster-bus port (+10 000) is free too."""
+    for _ in range(attempts):
+        port = free_port()
+        if port + _CLUSTER_BUS_OFFSET <= 65_535 and _port_free(port + _CLUSTER_BUS_OFFSET):
+            return port
+    raise ProcessFailed(f"no free port pair (port, port + {_CLUSTER_BUS_OFFSET}) in {attempts} attempts")
+
+
+@dataclass
+class RedisCluster:
+    """A Redis Cluster on loopback: ``nodes`` (masters first, then replicas); ``url`` names the first node."""
+
+    nodes: list[Proc]
+
+    @property
+    def url(self) -> str:
+        return self.nodes[0].url
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        for node in self.nodes:
+            node.stop(timeout_s=timeout_s)
+
+
+def start_redis_cluster(
+    *, log_dir: Path, masters: int = 3, replicas_per_master: int = 1, timeout_s: float = 30.0
+) -> RedisCluster:
+    """A real Redis Cluster of ``masters`` masters with ``replicas_per_master`` replicas each, every node a
+    ``redis-server --cluster-enabled yes`` on a free loopback port (its node file in its own folder under
+    ``log_dir``), joined with ``redis-cli --cluster create`` and waited for until every node reports
+    ``cluster_state:ok`` and every replica is in sync. On any failure the nodes started so far are stopped."""
+    binary, cli = shutil.which("redis-server"), shutil.which("redis-cli")
+    if binary is None or cli is None:
+        raise ProcessFailed("redis-server and redis-cli are needed (scripts/bootstrap.sh installs them)")
+    cluster = RedisCluster(nodes=[])
+    try:
+        for i in range(masters * (1 + replicas_per_master)):
+            node_dir = log_dir / f"node-{i}"
+            node_dir.mkdir(parents=True, exist_ok=True)
+            port = free_cluster_port()
+            argv = [binary, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no"]
+            argv += ["--dir", str(node_dir), "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"]
+            argv += ["--cluster-node-timeout", "2000"]
+            proc = spawn(f"redis-node-{i}", argv, log_dir=log_dir)
+            proc.port, proc.url = port, f"redis://127.0.0.1:{port}/0"
+            cluster.nodes.append(proc)
+        for node in cluster.nodes:
+            if not wait_until(functools.partial(redis_ping, node.port), timeout_s=10.0, alive=node.alive):
+                raise ProcessFailed(f"{node.name}: redis-server did not answer PING:\n{node.log_tail()}")
+        addresses = [f"127.0.0.1:{node.port}" for node in cluster.nodes]
+        create = [cli, "--cluster", "create", *addresses, "--cluster-replicas", str(replicas_per_master)]
+        done = subprocess.run(
+            [*create, "--cluster-yes"], capture_output=True, text=True, timeout=timeout_s, check=False
+        )
+        if done.returncode != 0:
+            raise ProcessFailed(f"redis-cli --cluster create failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+        for node in cluster.nodes:
+            if not wait_until(functools.partial(redis_cluster_ok, node.port), timeout_s=timeout_s, alive=node.alive):
+                raise ProcessFailed(f"{node.name}: no cluster_state:ok within {timeout_s} s:\n{node.log_tail()}")
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster

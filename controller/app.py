@@ -79,6 +79,7 @@ class ControllerComponent:
         self._http: WSGIServer | None = None
 
     async def start(self) -> None:
+        await self.store.verify()  # a cluster node without GEARSHIFT_REDIS_CLUSTER (or the reverse) is refused here
         self._client = httpx.AsyncClient()
         self.controller = build_controller(self.settings, store=self.store, client=self._client, clock=self.clock)
         if self.settings.metrics_port:

@@ -5,7 +5,9 @@ window, busy or idle, so ``$/Mtok = usd_per_s × window / output tokens × 1e6``
 
 Split (modelled from the corrected profile at the window's mean decode batch and k):
 
-- *drafter share* = steps × drafter time per step × usd_per_s / window cost;
+- *drafter share* = steps × drafter time per step × usd_per_s / window cost (at k = 0 the drafter time is the
+  profile's idle-drafter tax, ``fleet.perf.IdleDrafterTax``: a worker started with a drafter pays for it even
+  when it drafts nothing);
 - *rejected-draft share* = steps × (target time at k − target time at k=0) × rejected fraction × usd_per_s /
   window cost, where the rejected fraction ``(draft tokens − accepted)/draft tokens`` is measured: the extra
   verification work a step does for its k drafts, in the proportion of them that was thrown away;
@@ -13,7 +15,10 @@ Split (modelled from the corrected profile at the window's mean decode batch and
   time; idle time is kept and the busy time (modelled, at most the window) is scaled by the modelled ratio
   ``(tokens / B × T(B, 0)) / (steps × T(B, k))`` (a ratio, so a model that over- or under-predicts the step time
   cannot invent savings: at k=0 the ratio is 1 and the counterfactual is the actual cost), so
-  ``savings = cost at k=0 − cost`` (negative when speculation cost more than it saved).
+  ``savings = cost at k=0 − cost`` (negative when speculation cost more than it saved). That k=0 is this worker's
+  own (drafter loaded, tax paid: what the controller can choose without a restart);
+- *counterfactual drafter-free* (``usd_off``): the same, scaled by the time of k = 0 on a worker started without
+  the drafter (no tax), which only a restart reaches.
 
 Per tenant (``attribute_to_tenants``): each worker's cost over a period is split over the requests that ran on
 it in proportion to the batch-slot time they held — decode time ``TPOT × (output tokens − 1)`` plus prompt
@@ -45,6 +50,9 @@ class WorkerCost:
     drafter_share: float
     rejected_share: float
     usd_k0: float
+    """Modelled cost of the same output at k = 0 on this worker (drafter loaded, idle-drafter tax paid)."""
+    usd_off: float | None = None
+    """Modelled cost of the same output on a worker started without the drafter (None: not modelled)."""
 
     @property
     def usd_per_mtok(self) -> float | None:
@@ -55,20 +63,33 @@ class WorkerCost:
         return self.usd_k0 / self.output_tokens * 1e6 if self.output_tokens > 0 else None
 
     @property
+    def usd_per_mtok_off(self) -> float | None:
+        if self.usd_off is None or self.output_tokens <= 0:
+            return None
+        return self.usd_off / self.output_tokens * 1e6
+
+    @property
     def savings_usd(self) -> float:
         """Modelled cost at k=0 minus the actual cost, USD (negative: speculation cost money)."""
         return self.usd_k0 - self.usd
 
 
-def worker_cost(*, usd_per_s: float, window: Window, current: Candidate, k0: Candidate) -> WorkerCost:
-    """Cost of ``window``; ``current`` and ``k0`` are the policy's predictions at the window's k and at k=0."""
+def worker_cost(
+    *, usd_per_s: float, window: Window, current: Candidate, k0: Candidate, off: Candidate | None = None
+) -> WorkerCost:
+    """Cost of ``window``; ``current``, ``k0`` and ``off`` are the policy's predictions at the window's k, at
+    k=0 on this worker and at k=0 on a worker started without the drafter."""
     usd = usd_per_s * window.duration_s
     busy = min(window.duration_s, window.steps * current.step_s)
-    drafter_usd = usd_per_s * window.steps * current.drafter_s if window.k > 0 else 0.0
+    drafter_usd = usd_per_s * window.steps * current.drafter_s
     rejected_frac = (window.draft_tokens - window.accepted) / window.draft_tokens if window.draft_tokens > 0 else 0.0
     extra_verify_s = max(current.target_s - k0.target_s, 0.0)
     rejected_usd = usd_per_s * window.steps * extra_verify_s * rejected_frac
     usd_k0 = usd_per_s * (window.duration_s - busy + busy * _k0_time_ratio(window, current, k0))
+    usd_off = None
+    if off is not None:
+        off_ratio = _k0_time_ratio(window, current, k0) * (off.step_s / k0.step_s if k0.step_s > 0 else 1.0)
+        usd_off = usd_per_s * (window.duration_s - busy + busy * off_ratio)
     return WorkerCost(
         window_s=window.duration_s,
         usd=usd,
@@ -76,6 +97,7 @@ def worker_cost(*, usd_per_s: float, window: Window, current: Candidate, k0: Can
         drafter_share=min(drafter_usd / usd, 1.0) if usd > 0 else 0.0,
         rejected_share=min(rejected_usd / usd, 1.0) if usd > 0 else 0.0,
         usd_k0=usd_k0,
+        usd_off=usd_off,
     )
 
 

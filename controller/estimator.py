@@ -13,17 +13,20 @@
 - **Step time**: a multiplicative correction of the profile's step time, EWMA of observed/predicted over busy
   windows. The observed step time is window length / engine steps (the count of
   ``vllm:iteration_tokens_total``) — vLLM exports no busy-time counter, so windows with idle time are skipped.
+  On a worker that adapts its verification (``adaptive``), the prediction is at the mean verified length
+  (``predict_adaptive_step``), not at the cap.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from controller.classes import fit_mix
 from controller.window import Window
-from fleet.perf import Profile, conditional_acceptance, predict_step
+from fleet.perf import Profile, StepTime, conditional_acceptance, predict_step
 
 
 class EstimatorConfig(BaseModel):
@@ -72,6 +75,35 @@ class Estimate:
     class_mix: tuple[tuple[str, float], ...] = ()
     """The profile's workload classes that best explain the observed per-position acceptance, with their share of
     request-steps (``controller.classes``); empty before any drafts."""
+    adaptive: bool = False
+    """The worker's engine chooses per step how many drafts to verify (``k_current`` is a cap)."""
+    verified_per_draft: float | None = None
+    """Mean drafts verified per drafting request-step in the last window (None without drafts)."""
+
+
+def predict_adaptive_step(
+    profile: Profile,
+    *,
+    batch: float,
+    cap: int,
+    verified: float,
+    context_per_seq: float,
+    prefill_per_step: float = 0.0,
+) -> StepTime:
+    """Profiled step time of an adaptive step, seconds: the target at ``verified`` drafts per sequence (linear
+    between the integer draft lengths on either side), the drafter at the ``cap`` it drafted."""
+    verified = min(max(verified, 0.0), float(cap))
+    lo = math.floor(verified)
+    frac = verified - lo
+
+    def at(k: int) -> StepTime:
+        return predict_step(
+            profile, batch=batch, k=k, context_per_seq=context_per_seq, prefill_per_step=prefill_per_step
+        )
+
+    low = at(lo)
+    target = low.target_s if frac <= 0 else low.target_s + frac * (at(lo + 1).target_s - low.target_s)
+    return StepTime(target_s=target, drafter_s=at(cap).drafter_s)
 
 
 def _ewma(old: float | None, new: float, alpha: float) -> float:
@@ -102,6 +134,9 @@ class WorkerEstimator:
     step_observed_s: float | None = None
     accepted_length: float | None = None
     windows: int = 0
+    adaptive: bool = False
+    """Set by the loop from the worker's ``gearshift_worker_adaptive_verification`` gauge."""
+    verified_per_draft: float | None = None
 
     def __post_init__(self) -> None:
         self.drafts_at = self.drafts_at or [0.0] * self.k_max
@@ -124,6 +159,7 @@ class WorkerEstimator:
             ctx = w.kv_usage * self.profile.hardware.kv_capacity_tokens / w.running
             self.context_per_seq = _ewma(self.context_per_seq, ctx, a)
         self.accepted_length = w.accepted_length
+        self.verified_per_draft = w.draft_tokens / w.drafts if w.drafts > 0 else None
         if w.k > 0 and w.drafts > 0:
             for i in range(min(w.k, self.k_max)):
                 acc = w.accepted_per_pos[i] if i < len(w.accepted_per_pos) else 0.0
@@ -137,17 +173,33 @@ class WorkerEstimator:
         self.step_observed_s = observed
         if observed is None or w.steps <= 0:
             return
-        predicted = predict_step(
-            self.profile,
-            batch=w.decode_batch,
-            k=w.k,
-            context_per_seq=self.context_per_seq or 0.0,
-            prefill_per_step=w.prompt_tokens / w.steps,
-        ).total_s
+        predicted = self._predicted_adaptive_s(w)
+        if predicted is None:
+            predicted = predict_step(
+                self.profile,
+                batch=w.decode_batch,
+                k=w.k,
+                context_per_seq=self.context_per_seq or 0.0,
+                prefill_per_step=w.prompt_tokens / w.steps,
+                drafter_loaded=True,  # as the policy predicts: every worker it shifts was started with its drafter
+            ).total_s
         if predicted <= 0:
             return
         lo, hi = self.config.correction_bounds
         self.correction = _ewma(self.correction, min(max(observed / predicted, lo), hi), self.config.alpha)
+
+    def _predicted_adaptive_s(self, w: Window) -> float | None:
+        """The profiled step time of an adaptive window, at its mean verified length (None: not adaptive)."""
+        if not self.adaptive or w.k <= 0 or self.verified_per_draft is None:
+            return None
+        return predict_adaptive_step(
+            self.profile,
+            batch=w.decode_batch,
+            cap=w.k,
+            verified=self.verified_per_draft,
+            context_per_seq=self.context_per_seq or 0.0,
+            prefill_per_step=w.prompt_tokens / w.steps,
+        ).total_s
 
     def prior(self) -> tuple[float, ...]:
         workload = self.prior_workload or self.profile.default_workload
@@ -200,6 +252,8 @@ class WorkerEstimator:
             stale=stale,
             stale_for_s=stale_for_s,
             class_mix=self.class_mix(),
+            adaptive=self.adaptive,
+            verified_per_draft=self.verified_per_draft,
         )
 
     def class_mix(self) -> tuple[tuple[str, float], ...]:

@@ -15,9 +15,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from controller.actuator import ActuationError, Actuator
+from controller.adaptive import cap_decision
 from controller.canary import CanaryGate
 from controller.cost import WorkerCost, attribute_to_tenants, prefill_seconds_per_token, worker_cost
 from controller.estimator import Estimate, WorkerEstimator
+from controller.full_speed import gear_schedule
 from controller.metrics import ControllerMetrics
 from controller.policy import Decision, decide
 from controller.settings import ControllerSettings
@@ -27,8 +29,15 @@ from controller.window import Window, WindowBreak, window_between
 from fleet.clock import Clock
 from fleet.config import FleetConfig, TenantsConfig, WorkerConfig
 from fleet.perf import Profile, load_profile
-from fleet.scrape import WorkerScrape
-from fleet.speculation import SpeculationUpdate
+from fleet.scrape import COUNTER_FIELDS, WorkerScrape
+from fleet.speculation import (
+    FullSpeed,
+    Schedule,
+    ScheduleError,
+    SpeculationState,
+    SpeculationUpdate,
+    check_full_speed,
+)
 from fleet.store.protocol import Store, UsageRecord, WorkerState
 
 log = logging.getLogger("gearshift.controller")
@@ -58,6 +67,13 @@ class WorkerRuntime:
     stab: StabiliserState | None = None
     version: int | None = None
     k_applied: int | None = None
+    schedule_applied: Schedule | None = None
+    """The worker's applied schedule, as its last GET, PUT or scrape showed it."""
+    full_speed: FullSpeed | None = None
+    """What the worker advertises it runs at full speed (``SpeculationState.full_speed``), read with its version
+    on the first GET and again after it restarts; None: every k at every batch size."""
+    max_num_seqs: int | None = None
+    """The worker's largest batch, from its start-up schedule (None until its first GET)."""
     renew_at_s: float = 0.0
     rebase: bool = False
     window: Window | None = None
@@ -77,6 +93,13 @@ class WorkerRuntime:
     @property
     def k_desired(self) -> int | None:
         return self.stab.k if self.stab else None
+
+
+def _restarted(prev: WorkerScrape, cur: WorkerScrape, version: int | None) -> bool:
+    """The worker restarted between two scrapes: a counter went backwards, or its schedule version did."""
+    if any(getattr(cur, name) < getattr(prev, name) for name in COUNTER_FIELDS):
+        return True
+    return cur.spec_version is not None and version is not None and cur.spec_version < version
 
 
 class Controller:
@@ -152,7 +175,11 @@ class Controller:
             rt.estimator.k_current = rt.k_applied  # before the first window, trust what the worker reports
         stale_for = now - (rt.last_ok_s if rt.last_ok_s is not None else rt.first_seen_s)
         est = rt.estimator.estimate(stale=stale, stale_for_s=stale_for if stale else 0.0)
-        decision = decide(est, rt.profile, tpot_target_s=rt.tpot_target_s, config=self.settings.policy)
+        decision = decide(
+            est, rt.profile, tpot_target_s=rt.tpot_target_s, config=self.settings.policy, full_speed=rt.full_speed
+        )
+        if est.adaptive:
+            decision = cap_decision(est, decision)  # the engine sizes verification itself: choose its cap
         if self.canary is not None and rt.decision is not None:
             self.canary.observe(rt.config.id, rt.window, rt.decision.candidate(rt.window.k) if rt.window else None)
         if rt.stab is None:
@@ -192,6 +219,7 @@ class Controller:
             rt.stale_since_s = None
         self.metrics.stale.labels(wid).set(0)
         rt.window = None
+        rt.estimator.adaptive = scrape.adaptive_verification is True
         rt.elapsed_s = scrape.at_s - rt.prev.at_s if rt.prev is not None else 0.0
         if rt.prev is not None and not rt.rebase:
             try:
@@ -199,11 +227,14 @@ class Controller:
                 rt.estimator.update(rt.window)
             except WindowBreak as exc:
                 log.debug("worker %s: window skipped: %s", wid, exc)
+        restarted = rt.prev is not None and _restarted(rt.prev, scrape, rt.version)
         rt.prev, rt.rebase, rt.last_ok_s = scrape, False, now
         if scrape.spec_k is not None:
             rt.k_applied = scrape.spec_k
-        if scrape.spec_version is not None and rt.version is not None and scrape.spec_version < rt.version:
-            rt.version = scrape.spec_version  # the worker restarted: its versions start again
+            rt.schedule_applied = scrape.spec_schedule
+        if restarted:
+            log.info("worker %s restarted: reading its version and full-speed set again", wid)
+            rt.version = None  # _learn_version reads the worker's state (full_speed included) this tick
         return scrape
 
     async def _learn_version(self, rt: WorkerRuntime) -> None:
@@ -213,21 +244,47 @@ class Controller:
             self.metrics.actuation_failures.labels(rt.config.id).inc()
             log.warning("%s", exc)
             return
+        self._learn_state(rt, state)
+        full_speed = None if state.full_speed is None else tuple((k, lo, hi) for k, lo, hi in state.full_speed)
+        if full_speed != rt.full_speed:
+            log.info("worker %s: full-speed set %s", rt.config.id, full_speed if full_speed is not None else "all")
+        rt.full_speed = full_speed
+        rt.max_num_seqs = state.fallback_schedule[-1][1] if state.fallback_schedule else None
+
+    @staticmethod
+    def _learn_state(rt: WorkerRuntime, state: SpeculationState) -> None:
         rt.version = state.version
         rt.k_applied = max(row[2] for row in state.schedule)
+        rt.schedule_applied = tuple((lo, hi, k) for lo, hi, k in state.schedule)
+
+    def _desired_schedule(self, rt: WorkerRuntime, k: int) -> Schedule | None:
+        """The schedule to PUT for ``k`` on a worker that restricts full speed (None: a plain k)."""
+        if rt.full_speed is None:
+            return None
+        return gear_schedule(k, rt.full_speed, max_num_seqs=rt.max_num_seqs or rt.config.max_num_seqs)
 
     async def _actuate(self, rt: WorkerRuntime, now: float) -> None:
         if rt.stab is None or rt.version is None:
             return
-        change = rt.stab.k != rt.k_applied
+        schedule = self._desired_schedule(rt, rt.stab.k)
+        change = rt.stab.k != rt.k_applied if schedule is None else schedule != rt.schedule_applied
         renew = rt.version > 0 and now >= rt.renew_at_s
         if not change and not renew:
             return
         version = rt.version + 1 if change else rt.version
-        reason = rt.action.reason if rt.action is not None else ""
-        update = SpeculationUpdate(
-            k=rt.stab.k, version=version, lease_seconds=self.settings.schedule_lease_s, reason=reason[:500]
-        )
+        reason = (rt.action.reason if rt.action is not None else "")[:500]
+        lease = self.settings.schedule_lease_s
+        if schedule is None:
+            update = SpeculationUpdate(k=rt.stab.k, version=version, lease_seconds=lease, reason=reason)
+        else:
+            try:
+                check_full_speed(schedule, rt.full_speed or ())
+            except ScheduleError as exc:  # gear_schedule keeps to the advertised set: a bug if it ever fires
+                self.metrics.actuation_failures.labels(rt.config.id).inc()
+                log.error("worker %s: not sent, outside its full-speed set: %s", rt.config.id, exc)
+                return
+            rows = [list(row) for row in schedule]
+            update = SpeculationUpdate(schedule=rows, version=version, lease_seconds=lease, reason=reason)
         try:
             state = await self.actuator.apply(rt.config, update)
         except ActuationError as exc:
@@ -236,12 +293,11 @@ class Controller:
             if exc.stale_version:
                 rt.version = None  # learn the worker's version again next tick
             return
-        rt.version = state.version
-        rt.k_applied = max(row[2] for row in state.schedule)
+        self._learn_state(rt, state)
         rt.renew_at_s = now + self.settings.schedule_lease_s / 2
         if change:
             rt.rebase = True  # the next window would straddle the switch
-            rt.switches.append((now, rt.k_applied))
+            rt.switches.append((now, rt.stab.k))  # the gear: a full-speed schedule may hold lower k at other sizes
 
     # ------------------------------------------------------------------------------------ cost and output
     def _account(self, rt: WorkerRuntime) -> None:
@@ -271,7 +327,7 @@ class Controller:
         if w is None or current is None or k0 is None:
             return
         m.step_predicted.labels(wid).set(current.step_s)
-        rt.cost = worker_cost(usd_per_s=rt.config.usd_per_second, window=w, current=current, k0=k0)
+        rt.cost = worker_cost(usd_per_s=rt.config.usd_per_second, window=w, current=current, k0=k0, off=decision.off)
         rt.savings_usd += rt.cost.savings_usd
         if rt.cost.usd_per_mtok is not None:
             m.usd_per_mtok.labels(wid).set(rt.cost.usd_per_mtok)

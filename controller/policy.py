@@ -14,6 +14,11 @@ One k per worker, not a per-batch-size table: the decode batch is measured as a 
 keyed on the instantaneous batch (which includes prefills and flickers) is what collapses throughput at its
 threshold in vLLM #49548. At a fixed B the goodput argmax is also the TPOT argmin, so the target mostly decides
 ``overloaded``; safety caps (KV, preemptions, acceptance collapse) restrict the candidate set first.
+
+Two worker facts shape the candidates (issue 14). The worker's advertised ``full_speed`` set: a k that does not
+run at full speed at the expected batch (``controller.full_speed``) is predicted but never chosen, unless no
+allowed k does. And the drafter: on a worker started with one, k = 0 pays the profile's idle-drafter tax
+(``fleet.perf.IdleDrafterTax``); ``Decision.off`` predicts the same load on a worker started without it.
 """
 
 from __future__ import annotations
@@ -25,7 +30,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from controller.classes import slowest_al_ratio
 from controller.estimator import Estimate
+from controller.full_speed import excluded_reason
 from fleet.perf import Profile, expected_tokens_per_step, predict_step
+from fleet.speculation import FullSpeed
 
 DEFAULT_K_TIERS = (0, 1, 2, 3, 4, 6, 8)
 
@@ -80,6 +87,13 @@ class Candidate:
     allowed: bool
     tpot_slowest_s: float | None = None
     """TPOT of the slowest workload class with a material share of the traffic (None: same as ``tpot_s``)."""
+    excluded_by: str = ""
+    """Why the worker's advertised full-speed set rules this k out at the expected batch ('' when it does not)."""
+
+    @property
+    def full_speed(self) -> bool:
+        """The worker runs this k at full speed at the expected batch (or advertises no restriction)."""
+        return not self.excluded_by
 
     @property
     def tpot_worst_s(self) -> float:
@@ -97,18 +111,35 @@ class Decision:
     gain: float
     """Predicted relative goodput gain of ``k`` over the current k (0.1 = +10 %)."""
     reason: str
+    off: Candidate | None = None
+    """k = 0 on a worker started without the drafter (no idle-drafter tax): never chosen here, a restart away."""
 
     def candidate(self, k: int) -> Candidate | None:
         return next((c for c in self.candidates if c.k == k), None)
 
 
 def _predict(
-    est: Estimate, profile: Profile, k: int, target: float | None, allowed: bool, min_share: float
+    est: Estimate,
+    profile: Profile,
+    k: int,
+    target: float | None,
+    allowed: bool,
+    min_share: float,
+    *,
+    drafter_loaded: bool,
+    excluded_by: str = "",
 ) -> Candidate:
     batch = max(est.batch, 1.0)
     al = expected_tokens_per_step(est.conditional, k)
     prefill = est.prefill_per_token * batch * al  # the prompts that follow the tokens this step emits
-    raw = predict_step(profile, batch=batch, k=k, context_per_seq=est.context_per_seq, prefill_per_step=prefill)
+    raw = predict_step(
+        profile,
+        batch=batch,
+        k=k,
+        context_per_seq=est.context_per_seq,
+        prefill_per_step=prefill,
+        drafter_loaded=drafter_loaded,
+    )
     c = est.step_correction
     step = raw.total_s * c
     tpot = step / al
@@ -124,6 +155,7 @@ def _predict(
         feasible=target is None or slowest <= target,
         allowed=allowed,
         tpot_slowest_s=slowest if slowest != tpot else None,
+        excluded_by=excluded_by,
     )
 
 
@@ -145,8 +177,17 @@ def _allowed(k: int, est: Estimate, risk: Risk) -> bool:
     return True
 
 
-def decide(est: Estimate, profile: Profile, *, tpot_target_s: float | None, config: PolicyConfig) -> Decision:
-    """Choose the k for one worker (pure: same inputs, same decision)."""
+def decide(
+    est: Estimate,
+    profile: Profile,
+    *,
+    tpot_target_s: float | None,
+    config: PolicyConfig,
+    full_speed: FullSpeed | None = None,
+    drafter_loaded: bool = True,
+) -> Decision:
+    """Choose the k for one worker (pure: same inputs, same decision). ``full_speed``: what the worker advertises
+    (None: every k); ``drafter_loaded``: the worker was started with its drafter (every worker it shifts is)."""
     ks = sorted({k for k in config.k_tiers if k <= est.k_max} | {min(est.k_current, est.k_max)})
     risk, risk_text = _risk(est, config)
     margin = 1.0 - config.tpot_margin
@@ -154,8 +195,15 @@ def decide(est: Estimate, profile: Profile, *, tpot_target_s: float | None, conf
     def target_for(k: int) -> float | None:
         return tpot_target_s * margin if tpot_target_s is not None and k > est.k_current else tpot_target_s
 
-    cands = tuple(_predict(est, profile, k, target_for(k), _allowed(k, est, risk), config.class_min_share) for k in ks)
-    allowed = [c for c in cands if c.allowed]
+    share = config.class_min_share
+    cands = tuple(
+        _predict(
+            est, profile, k, target_for(k), _allowed(k, est, risk), share,
+            drafter_loaded=drafter_loaded, excluded_by=excluded_reason(k, full_speed, est.batch),
+        )
+        for k in ks
+    )  # fmt: skip
+    allowed = [c for c in cands if c.allowed and c.full_speed] or [c for c in cands if c.allowed]
     feasible = [c for c in allowed if c.feasible]
     overloaded = not feasible
     if feasible:
@@ -175,8 +223,14 @@ def decide(est: Estimate, profile: Profile, *, tpot_target_s: float | None, conf
         overloaded=overloaded,
         risk=risk,
         gain=gain,
-        reason=_reason(est, best, current, gain, overloaded, risk_text, tpot_target_s),
+        reason=_reason(est, best, current, gain, overloaded, risk_text, tpot_target_s) + _excluded_text(cands),
+        off=_predict(est, profile, 0, tpot_target_s, False, share, drafter_loaded=False),
     )
+
+
+def _excluded_text(cands: tuple[Candidate, ...]) -> str:
+    excluded = [str(c.k) for c in cands if not c.full_speed]
+    return f"; not at full speed at this batch: k={', '.join(excluded)}" if excluded else ""
 
 
 def _overloaded_choice(est: Estimate, allowed: list[Candidate], config: PolicyConfig) -> Candidate:

@@ -14,7 +14,7 @@ from pydantic_settings import SettingsConfigDict
 from controller.estimator import EstimatorConfig
 from controller.policy import PolicyConfig
 from controller.stabiliser import StabiliserConfig
-from fleet.config import CommonSettings
+from fleet.config import CommonSettings, exposure, refuse_dev_secrets
 
 
 class SourceKind(StrEnum):
@@ -54,6 +54,13 @@ class ControllerSettings(CommonSettings):
     policy: PolicyConfig = PolicyConfig()
     stabiliser: StabiliserConfig = StabiliserConfig()
     estimator: EstimatorConfig = EstimatorConfig()
+
+    @model_validator(mode="after")
+    def _check_secrets(self) -> Self:
+        """In shared mode the development control token is refused (anyone could set the workers' gears)."""
+        exposed = exposure(redis_url=self.redis_url, host=None)
+        refuse_dev_secrets({"control_token": self.control_token}, exposed=exposed, allowed=self.allow_dev_secrets)
+        return self
 
     @model_validator(mode="after")
     def _cross_check(self) -> Self:

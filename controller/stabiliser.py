@@ -143,8 +143,8 @@ def _probe(
         top, cur = decision.candidate(est.k_max), decision.candidate(state.k)
         if top is None or cur is None or top.goodput_tok_s < (1 - cfg.probe_max_loss) * cur.goodput_tok_s:
             return None
-        if not top.feasible:
-            return None  # a probe would break (or deepen a miss of) the TPOT target
+        if not top.feasible or not top.full_speed:
+            return None  # a probe would break (or deepen a miss of) the TPOT target, or run k_max eager
         why = "periodic probe: positions above the current k are unobservable"
     new = replace(
         state, k=est.k_max, since_s=now, history=(), probe_until_s=now + cfg.probe_s, last_probe_s=now,

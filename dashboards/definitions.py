@@ -141,6 +141,35 @@ def fleet_overview() -> Dashboard:
             W,
             "The engine's own view, without the gateway hop.",
         ),
+        Row("Overload control (gateway queue)"),
+        Panel(
+            "Queued requests per priority band",
+            (Query("sum by (model, band) (gearshift_gateway_queue_depth)", "{{model}} band {{band}}"),),
+            stacked=True,
+            description="Requests waiting in the gateways' overload queues for a worker with headroom, per model "
+            "and tier priority (lower bands are served first).",
+        ),
+        quantile_panel(
+            "Queued time",
+            "gearshift_gateway_queued_seconds",
+            "tier",
+            TIER,
+            "p50 and p99 per tier of the time a queued request waited (dispatched or refused).",
+        ),
+        Panel(
+            "Shed requests/s by tier and reason",
+            (Query(rate_by("gearshift_gateway_shed_requests_total", "tier, reason", TIER), "{{tier}} {{reason}}"),),
+            "reqps",
+            stacked=True,
+            description="Refused by the overload control: 429 for a sheddable tier, 503 for one that waited its "
+            "TTFT target (reasons in gateway/overload.py).",
+        ),
+        Panel(
+            "Brownout",
+            (Query("max(gearshift_gateway_brownout)", "brownout"),),
+            description="1 while any gateway replica caps new requests' max_tokens to their tier's "
+            "brownout_max_tokens.",
+        ),
         Row("Workers"),
         Panel(
             "Running and waiting requests",

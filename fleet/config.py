@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
+from collections.abc import Mapping
 from enum import StrEnum
 from importlib import resources
 from pathlib import Path
@@ -111,6 +113,11 @@ class TierConfig(_Strict):
     """Target time per output token, seconds; None means no TPOT target (batch work)."""
     speculation: SpeculationPreference = SpeculationPreference.NEUTRAL
     sheddable: bool = False
+    """Under overload the gateway refuses this tier's requests first (429 ``overload``) rather than keep them
+    queued past their TTFT target; a tier that is not sheddable waits up to its target, then gets a 503."""
+    brownout_max_tokens: Annotated[int, Field(gt=0)] | None = None
+    """While the gateway's brownout is on, new requests of this tier get at most this ``max_tokens``; None
+    leaves them alone."""
 
 
 class ApiKeyConfig(_Strict):
@@ -208,6 +215,49 @@ def load_tenants(path: Path | None = None) -> TenantsConfig:
 
 
 # ----------------------------------------------------------------------------------------------- settings
+DEV_SECRETS: Mapping[str, str] = {
+    "key_pepper": "gearshift-dev-pepper",
+    "admin_key": "gearshift-dev-admin",
+    "control_token": "gearshift-dev-control",
+}
+"""Setting → its development default: public values (the embedded demo tenants' key digests use the pepper)."""
+
+
+def exposure(*, redis_url: str | None, host: str | None) -> str | None:
+    """Why a process is outside the embedded default — it shares state through Redis, or listens beyond loopback
+    (``host``: its listen address, None when it listens nowhere) — or None when it is inside it."""
+    if redis_url:
+        return "with GEARSHIFT_REDIS_URL set (shared mode)"
+    if host is not None and not _is_loopback(host):
+        return f"when listening on {host!r}, beyond loopback"
+    return None
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a host name (or "" for every interface)
+
+
+def refuse_dev_secrets(secrets: Mapping[str, SecretStr], *, exposed: str | None, allowed: bool) -> None:
+    """Raise ``ConfigError`` naming each ``GEARSHIFT_*`` variable of ``secrets`` (setting → value) still at its
+    development default, when the process is ``exposed`` (``exposure``'s reason) and ``allowed`` (from
+    ``GEARSHIFT_ALLOW_DEV_SECRETS=1``) is not set."""
+    if exposed is None or allowed:
+        return
+    weak = [
+        f"GEARSHIFT_{name.upper()}" for name, value in secrets.items() if value.get_secret_value() == DEV_SECRETS[name]
+    ]
+    if weak:
+        raise ConfigError(
+            f"{', '.join(weak)}: the development value is refused {exposed}; set a secret (deploy/compose: "
+            "scripts/compose-env.sh writes them) or GEARSHIFT_ALLOW_DEV_SECRETS=1"
+        )
+
+
 class CommonSettings(BaseSettings):
     """Settings every gearshift process reads from ``GEARSHIFT_*`` environment variables."""
 
@@ -218,14 +268,19 @@ class CommonSettings(BaseSettings):
     tenants_file: Path | None = None
     """Tenants YAML; None uses the embedded default tenants."""
     redis_url: str | None = None
-    """Redis for shared state; None keeps state in process memory (the embedded, single-process mode)."""
+    """Redis for shared state; None keeps state in process memory (the embedded, single-process mode). With
+    ``redis_cluster``, any node of the Redis Cluster."""
+    redis_cluster: bool = False
+    """``GEARSHIFT_REDIS_URL`` is a Redis Cluster node: use the cluster client (checked against the server at start)."""
     key_prefix: str = "gearshift:"
-    key_pepper: SecretStr = SecretStr("gearshift-dev-pepper")
+    key_pepper: SecretStr = SecretStr(DEV_SECRETS["key_pepper"])
     """Secret key of the API-key digests. Change it in production."""
-    control_token: SecretStr = SecretStr("gearshift-dev-control")
+    control_token: SecretStr = SecretStr(DEV_SECRETS["control_token"])
     """Bearer token the controller sends to the workers' speculation-control API."""
-    admin_key: SecretStr = SecretStr("gearshift-dev-admin")
+    admin_key: SecretStr = SecretStr(DEV_SECRETS["admin_key"])
     """Bearer key of the gateway's admin API."""
+    allow_dev_secrets: bool = False
+    """Let a process outside the embedded default start with a development secret (see ``refuse_dev_secrets``)."""
     log_level: str = "INFO"
 
     def fleet(self) -> FleetConfig:

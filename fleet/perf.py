@@ -71,6 +71,26 @@ class TargetModel(_Strict):
     (``state_memory_bytes``). 0: no such layers."""
 
 
+class IdleDrafterTax(_Strict):
+    """Extra time of a k = 0 decode step on a worker started with a drafter (a speculative config), as a fraction
+    of the same step's target time on a worker started without one: on a GPU the graphs captured for speculation
+    do not fit plain decode, and the drafter's KV cache and buffers stay allocated. Rises linearly with the decode
+    batch from ``at_batch_1`` at one sequence to ``at_high_batch`` at ``high_batch`` sequences and beyond."""
+
+    at_batch_1: Annotated[float, Field(ge=0)]
+    """Fraction at one decoding sequence (0.065 = +6.5 % step time)."""
+    at_high_batch: Annotated[float, Field(ge=0)]
+    """Fraction at ``high_batch`` decoding sequences and above."""
+    high_batch: Annotated[int, Field(ge=1)]
+
+    def fraction(self, decode_seqs: float) -> float:
+        """The tax at ``decode_seqs`` decoding sequences, a fraction of the target time."""
+        if self.high_batch <= 1:
+            return self.at_high_batch
+        x = min(max((decode_seqs - 1) / (self.high_batch - 1), 0.0), 1.0)
+        return self.at_batch_1 + x * (self.at_high_batch - self.at_batch_1)
+
+
 class DrafterModel(_Strict):
     """The block-parallel drafter (DSpark): one forward proposes all k positions."""
 
@@ -83,6 +103,9 @@ class DrafterModel(_Strict):
     """Extra drafter time per draft position per sequence, seconds (small: block-parallel)."""
     weight_bytes: Annotated[float, Field(ge=0)] = 0.0
     """The drafter's weights, bytes (memory only: its per-pass cost is in ``fixed_s``)."""
+    k0_tax: IdleDrafterTax | None = None
+    """What a k = 0 step costs on a worker started with this drafter, over one started without it (None: nothing,
+    as on an eager engine)."""
 
 
 class Hardware(_Strict):
@@ -139,6 +162,9 @@ class ServingSettings(_Strict):
     """vLLM's model runner (``VLLM_USE_V2_MODEL_RUNNER=1`` is v2)."""
     activation_bytes_per_gpu: Annotated[float, Field(ge=0)]
     """Memory each GPU keeps for activations, graphs and communication buffers, bytes."""
+    restart_s: Annotated[float, Field(gt=0)] | None = None
+    """Seconds from stopping a worker to serving again (weights loaded, graphs captured): what taking it to a
+    drafter-free gear and back costs (``controller.drafter_free``). None: not modelled."""
 
 
 class Profile(_Strict):
@@ -183,6 +209,9 @@ class StepShape:
     """Sum of the decoding sequences' context lengths, tokens (drives KV reads)."""
     prefill_tokens: int = 0
     """Prompt tokens prefilled in this step (chunked prefill)."""
+    drafter_loaded: bool = False
+    """The worker was started with a drafter: a k = 0 decode step then pays ``DrafterModel.k0_tax``. False (the
+    default) is a worker started without speculation, or a model whose profile has no tax."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,6 +219,8 @@ class StepTime:
     target_s: float
     """Target model forward (verification of k+1 tokens per decoding sequence, plus prefill)."""
     drafter_s: float
+    """What the drafter costs the step: its block-parallel pass when k > 0; at k = 0 on a worker started with
+    it, the idle-drafter tax (``DrafterModel.k0_tax``)."""
 
     @property
     def total_s(self) -> float:
@@ -214,7 +245,8 @@ def step_time(profile: Profile, shape: StepShape) -> StepTime:
     decode_seqs · (k + 1) query tokens attends to its sequence's context (``attention_flops_per_context_token``
     · context_tokens · (k + 1)). Communication is ``comm_s_per_token · n``; sampling
     ``sample_s_per_token · decode_seqs · (k + 1)``, plus ``verify_s_per_token · decode_seqs · (k + 1)`` when
-    k > 0."""
+    k > 0. At k = 0 with ``drafter_loaded``, the drafter's share is ``k0_tax.fraction(decode_seqs)`` × the target
+    time."""
     t, hw = profile.target, profile.hardware
     queries = shape.decode_seqs * (shape.k + 1)
     tokens = queries + shape.prefill_tokens
@@ -234,9 +266,11 @@ def step_time(profile: Profile, shape: StepShape) -> StepTime:
     if shape.k > 0:
         target += queries * t.verify_s_per_token
     drafter = 0.0
+    d = profile.drafter
     if shape.k > 0 and shape.decode_seqs > 0:
-        d = profile.drafter
         drafter = d.fixed_s + shape.decode_seqs * (d.per_seq_s + shape.k * d.per_position_s)
+    elif shape.drafter_loaded and shape.decode_seqs > 0 and d.k0_tax is not None:
+        drafter = target * d.k0_tax.fraction(shape.decode_seqs)
     return StepTime(target, drafter)
 
 
@@ -289,9 +323,16 @@ def load_profile(name_or_path: str | Path) -> Profile:
 
 
 def predict_step(
-    profile: Profile, *, batch: float, k: int, context_per_seq: float, prefill_per_step: float = 0.0
+    profile: Profile,
+    *,
+    batch: float,
+    k: int,
+    context_per_seq: float,
+    prefill_per_step: float = 0.0,
+    drafter_loaded: bool = False,
 ) -> StepTime:
-    """Profiled step time of a step decoding ``batch`` sequences (≥ 1) at draft length ``k``, seconds."""
+    """Profiled step time of a step decoding ``batch`` sequences (≥ 1) at draft length ``k``, seconds
+    (``drafter_loaded``: on a worker started with a drafter, ``StepShape.drafter_loaded``)."""
     batch = max(batch, 1.0)
     lo = math.floor(batch)
     hi = lo + 1
@@ -299,7 +340,7 @@ def predict_step(
     prefill = round(prefill_per_step)
 
     def at(b: int) -> StepTime:
-        return step_time(profile, StepShape(b, k, round(b * context_per_seq), prefill))
+        return step_time(profile, StepShape(b, k, round(b * context_per_seq), prefill, drafter_loaded))
 
     a = at(lo)
     if frac <= 0:

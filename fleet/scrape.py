@@ -78,6 +78,9 @@ class WorkerScrape:
     spec_version: int | None = None
     spec_schedule: Schedule | None = None
     """The worker's applied schedule rows ``(from_bs, to_bs, k)`` when it exports ``gearshift_worker_spec_k``."""
+    adaptive_verification: bool | None = None
+    """True when the engine sizes each step's verification itself (``gearshift_worker_adaptive_verification``), so
+    the schedule's k is a cap; None when the worker does not export the gauge."""
 
     @property
     def spec_k(self) -> int | None:
@@ -157,6 +160,7 @@ def scrape_from_samples(samples: Iterable[Sample], *, at_s: float = 0.0, model: 
     per_pos: dict[int, float] = defaultdict(float)
     schedule: list[ScheduleRow] = []
     version: int | None = None
+    adaptive: bool | None = None
     for name, labels, value in samples:
         label_model = labels.get(m.LABEL_MODEL)
         if model is not None and label_model is not None and label_model != model:
@@ -170,6 +174,8 @@ def scrape_from_samples(samples: Iterable[Sample], *, at_s: float = 0.0, model: 
             schedule.append((int(labels["from_bs"]), int(labels["to_bs"]), int(value)))
         elif name == m.WORKER_SPEC_VERSION:
             version = (version or 0) + int(value)
+        elif name == m.WORKER_ADAPTIVE_VERIFICATION:
+            adaptive = bool(adaptive) or value > 0
     if kv_engines > 1:  # a fraction per engine: average it, the other gauges add up
         sums["kv_usage"] /= kv_engines
     positions = tuple(per_pos.get(i, 0.0) for i in range(max(per_pos) + 1)) if per_pos else ()
@@ -178,5 +184,6 @@ def scrape_from_samples(samples: Iterable[Sample], *, at_s: float = 0.0, model: 
         accepted_per_pos=positions,
         spec_version=version,
         spec_schedule=tuple(sorted(schedule)) or None,
+        adaptive_verification=adaptive,
         **sums,
     )

@@ -13,6 +13,7 @@ process (with N replicas, a share of 1/N keeps the fleet-wide limit), settling t
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -75,6 +76,10 @@ def _scaled(limit: Limit, share: float) -> Limit:
     return replace(limit, limit=max(1, int(limit.limit * share)))
 
 
+def _constant(value: float) -> Callable[[], float]:
+    return lambda: value
+
+
 class Admitter:
     """Admits and settles requests against the shared store (or, in an outage, the local fallback)."""
 
@@ -85,13 +90,14 @@ class Admitter:
         clock: Clock,
         metrics: GatewayMetrics,
         failure_mode: Literal["open", "closed"] = "open",
-        local_share: float = 1.0,
+        local_share: float | Callable[[], float] = 1.0,
     ) -> None:
         self._store = store
         self._clock = clock
         self._metrics = metrics
         self._failure_mode = failure_mode
-        self._local_share = local_share
+        self._local_share = local_share if callable(local_share) else _constant(local_share)
+        """The share of each limit enforced here during an outage (``gateway.replicas``: 1 / replicas)."""
         self._local = MemoryStore(clock=clock)
 
     async def admit(self, tenant: TenantConfig, *, request_id: str, tokens: int) -> Ticket:
@@ -124,9 +130,10 @@ class Admitter:
             if self._failure_mode == "closed":
                 raise StoreUnavailable(f"Admission is unavailable: the shared store failed ({exc!r}).") from None
         ticket.local = True
+        share = self._local_share()
         if ticket.tpm is not None:
-            ticket.tpm = replace(ticket.tpm, limit=max(1, int(ticket.tpm.limit * self._local_share)))
-        local = [_scaled(limit, self._local_share) for limit in limits]
+            ticket.tpm = replace(ticket.tpm, limit=max(1, int(ticket.tpm.limit * share)))
+        local = [_scaled(limit, share) for limit in limits]
         return await self._local.admit(local, now=ticket.admitted_at)
 
     async def settle(self, ticket: Ticket, *, used_tokens: int, cost_usd: float) -> None:

@@ -44,6 +44,9 @@ class CompletionRequest:
     stream: bool
     client_wants_usage: bool
     """The client asked for the usage chunk (``stream_options.include_usage``)."""
+    client_wants_chunk_usage: bool
+    """The client asked for usage in every chunk too (``continuous_usage_stats`` with ``include_usage``, as vLLM
+    reads them)."""
     max_tokens: int | None
     prompt_parts: tuple[int, ...]
     """Characters of each prompt text (one per chat message, or per completion prompt)."""
@@ -60,11 +63,17 @@ class CompletionRequest:
         return sum(self.prompt_parts)
 
     def upstream_body(self, *, priority: int | None) -> bytes:
-        """The body sent to the worker: usage forced on for streams, the tier's priority set."""
+        """The body sent to the worker: for streams, usage forced on — the usage chunk, and each chunk's running
+        count (vLLM's ``continuous_usage_stats``) so a stream cut short is metered in tokens; the tier's priority
+        set."""
         body = self.body
         if self.stream:
             options = body.get("stream_options")
-            body["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
+            body["stream_options"] = {
+                **(options if isinstance(options, dict) else {}),
+                "include_usage": True,
+                "continuous_usage_stats": True,
+            }
         if priority is not None:
             body["priority"] = priority
         return orjson.dumps(body)
@@ -155,6 +164,9 @@ def parse_completion(raw: bytes, *, prompt_field: str, rules: BodyRules = DEFAUL
         model=model,
         stream=stream,
         client_wants_usage=bool(options and options.get("include_usage")),
+        client_wants_chunk_usage=bool(
+            options and options.get("include_usage") and options.get("continuous_usage_stats")
+        ),
         max_tokens=max_tokens,
         prompt_parts=parts,
         chat=chat,

@@ -20,9 +20,12 @@ from gateway.auth import KeyRing
 from gateway.body import BodyRules
 from gateway.metering import LedgerWriter
 from gateway.metrics import GatewayMetrics
+from gateway.overload import OverloadGate
 from gateway.pool import WorkerPool
-from gateway.routing import Router, default_router
+from gateway.replicas import ReplicaRegistry
+from gateway.routing import Router, default_router, prefill_rates
 from gateway.settings import GatewaySettings
+from gateway.spool import Spool
 from gateway.tracing import build_tracing
 from gateway.upstream import Upstream, new_session
 
@@ -46,6 +49,8 @@ class Gateway:
     tracer: trace.Tracer | None
     """None when tracing is off (``gateway.tracing``)."""
     body_rules: BodyRules
+    replicas: ReplicaRegistry
+    overload: OverloadGate
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
 
@@ -66,7 +71,16 @@ async def running_gateway(
     session = upstream_session or new_session(settings)
     tracing = build_tracing(settings, exporter=span_exporter)
     pool = WorkerPool(fleet=fleet, store=store, clock=clock, settings=settings, metrics=metrics)
-    ledger = LedgerWriter(store, clock=clock, metrics=metrics)
+    await store.verify()  # a cluster node without GEARSHIFT_REDIS_CLUSTER (or the reverse) is refused here
+    spool = Spool(settings.spool_dir, max_bytes=settings.spool_max_bytes) if settings.spool_dir else None
+    ledger = LedgerWriter(store, clock=clock, metrics=metrics, spool=spool)
+    replicas = ReplicaRegistry(
+        store,
+        clock=clock,
+        floor=settings.gateway_replicas,
+        cap=settings.local_limit_share,
+        interval_s=settings.replica_heartbeat_s,
+    )
     gw = Gateway(
         settings=settings,
         fleet=fleet,
@@ -86,14 +100,17 @@ async def running_gateway(
             clock=clock,
             metrics=metrics,
             failure_mode=settings.store_failure_mode,
-            local_share=settings.local_limit_share,
+            local_share=replicas.share,
         ),
         pool=pool,
         router=default_router(
             weight_queue=settings.weight_queue,
             weight_kv=settings.weight_kv,
             weight_speculation=settings.weight_speculation,
+            weight_ttft=settings.weight_ttft,
             prefill_tokens_per_slot=settings.prefill_tokens_per_slot,
+            prefill_rates=prefill_rates(fleet, override=settings.prefill_tokens_per_s),
+            ttft_reference_s=settings.ttft_reference_s,
             rng=rng,
         ),
         upstream=Upstream(session, pool=pool, settings=settings, metrics=metrics),
@@ -106,11 +123,15 @@ async def running_gateway(
             chars_per_token=settings.chars_per_token,
             tokens_per_message=settings.tokens_per_message,
         ),
+        overload=OverloadGate(pool, settings=settings, metrics=metrics, clock=clock),
+        replicas=replicas,
     )
     ledger.start()
     gw.tasks = [
         asyncio.create_task(pool.run_loop("shared-state", pool.refresh_shared, settings.state_refresh_s)),
+        asyncio.create_task(pool.run_loop("replicas", replicas.beat, settings.replica_heartbeat_s)),
         asyncio.create_task(pool.run_loop("health", lambda: pool.probe_health(session), settings.health_interval_s)),
+        asyncio.create_task(pool.run_loop("overload", gw.overload.tick, settings.overload_tick_s)),
     ]
     try:
         yield gw

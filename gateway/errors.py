@@ -1,16 +1,25 @@
 """The gateway's one error tree, mapped to HTTP in one place. Each class carries its HTTP status and OpenAI error
 type; ``respond`` renders any of them as the OpenAI-shaped response (``stream_event`` inside a stream that has
-already started) and counts it in ``gearshift_gateway_errors_total{type}`` by that type."""
+already started) and counts it in ``gearshift_gateway_errors_total{type}`` by that type.
+
+A worker's own error answer becomes a member of the tree here too (``from_worker``), so every answer has one
+shape. A worker failure tells the tenant a stable message with the request id; what happened inside (the
+worker's id, the exception) is the error's ``detail``, which goes to the log (``respond``) and the trace span,
+never to the client."""
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Mapping
+from http import HTTPStatus
 
 import orjson
 from starlette.responses import Response
 
 from gateway.metrics import GatewayMetrics
+
+log = logging.getLogger(__name__)
 
 
 class GatewayError(Exception):
@@ -27,10 +36,13 @@ class GatewayError(Exception):
         param: str | None = None,
         code: str | None = None,
         headers: Mapping[str, str] | None = None,
+        detail: str | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
+        self.detail = detail
+        """Internal account of the error (worker ids, exceptions): logged and traced, never sent."""
         if code is not None:
             self.code = code
         self._headers = dict(headers) if headers else {}
@@ -111,17 +123,34 @@ class ClientDisconnected(GatewayError):
 
 
 # --------------------------------------------------------------------------------------------------- 5xx
-class UpstreamFailed(GatewayError):
-    """Every worker tried failed before answering."""
+class WorkerFailure(GatewayError):
+    """A worker failed. The client reads ``summary`` and the request id; the worker's id and the exception are
+    the ``detail``."""
 
     status = 502
     type = "api_error"
+    summary = "The upstream worker failed"
+
+    def __init__(self, detail: str, *, request_id: str, summary: str | None = None, param: str | None = None) -> None:
+        super().__init__(f"{summary or self.summary}; request id {request_id}.", param=param, detail=detail)
+
+
+class UpstreamFailed(WorkerFailure):
+    """A worker failed: before answering (after every retry), or after its answer began."""
+
     code = "upstream_failed"
 
 
 class UpstreamTimeout(UpstreamFailed):
     status = 504
     code = "upstream_timeout"
+    summary = "The upstream worker timed out"
+
+
+class NoWorkerAvailable(GatewayError):
+    status = 503
+    type = "api_error"
+    code = "no_worker_available"
 
 
 class StoreUnavailable(GatewayError):
@@ -135,10 +164,8 @@ class StoreUnavailable(GatewayError):
         return {"retry-after": "1"}
 
 
-class NoWorkerAvailable(GatewayError):
-    status = 503
-    type = "api_error"
-    code = "no_worker_available"
+class WorkerError(GatewayError):
+    """A worker's own error answer (a 4xx, or a 5xx relayed as is), in the gateway's shape."""
 
 
 def from_http_status(status: int, detail: str, headers: Mapping[str, str] | None = None) -> GatewayError:
@@ -159,6 +186,58 @@ def from_http_status(status: int, detail: str, headers: Mapping[str, str] | None
     return error
 
 
+OPENAI_TYPES = frozenset(
+    {"invalid_request_error", "authentication_error", "permission_error", "not_found_error", "conflict_error",
+     "unprocessable_entity_error", "rate_limit_error", "insufficient_quota", "api_error", "server_error"}
+)  # fmt: skip
+"""The ``type`` values of OpenAI's error object (its API reference and the ``openai`` SDK's error classes)."""
+
+
+_STATUS_TYPES = {
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    409: "conflict_error",
+    422: "unprocessable_entity_error",
+    429: "rate_limit_error",
+}
+
+
+def _type_for_status(status: int) -> str:
+    """The OpenAI error type of an HTTP status."""
+    return _STATUS_TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
+
+
+def from_worker(status: int, body: bytes) -> WorkerError:
+    """A worker's error answer (``status`` ≥ 400) in the gateway's shape: the status and message kept; ``type``
+    kept when it is one of OpenAI's, else the one OpenAI gives that status (vLLM sends ``BadRequestError``);
+    ``param`` kept when a string; ``code`` a string or None (vLLM's integer code, which repeats the status, is
+    dropped). A body that is not an OpenAI error object becomes a plain error of that status."""
+    try:
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        parsed = None
+    error = parsed.get("error") if isinstance(parsed, dict) else None
+    if not isinstance(error, dict) or not isinstance(error.get("message"), str):
+        error = {"message": f"The worker answered {status} {_phrase(status)}."}
+    kind, param, code = error.get("type"), error.get("param"), error.get("code")
+    result = WorkerError(
+        error["message"],
+        param=param if isinstance(param, str) else None,
+        code=code if isinstance(code, str) else str(code) if isinstance(code, int) and code != status else None,
+    )
+    result.status = status
+    result.type = kind if kind in OPENAI_TYPES else _type_for_status(status)
+    return result
+
+
+def _phrase(status: int) -> str:
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return "Error"
+
+
 def render(exc: GatewayError) -> bytes:
     """The OpenAI error object: ``{"error": {"message", "type", "param", "code"}}``."""
     return orjson.dumps({"error": {"message": exc.message, "type": exc.type, "param": exc.param, "code": exc.code}})
@@ -167,6 +246,7 @@ def render(exc: GatewayError) -> bytes:
 def respond(exc: GatewayError, metrics: GatewayMetrics | None) -> Response:
     """The response for ``exc`` (its status, headers and OpenAI body), counted by its OpenAI error type.
     ``metrics`` is None only for a request that arrives before the app's lifespan has run."""
+    _note(exc)
     if metrics is not None:
         metrics.child(metrics.errors, exc.type).inc()
     return Response(render(exc), status_code=exc.status, headers=exc.headers(), media_type="application/json")
@@ -174,5 +254,37 @@ def respond(exc: GatewayError, metrics: GatewayMetrics | None) -> Response:
 
 def stream_event(exc: GatewayError, metrics: GatewayMetrics) -> bytes:
     """A failure after the stream started: the error as an event, then ``[DONE]``; counted like ``respond``."""
+    _note(exc)
     metrics.child(metrics.errors, exc.type).inc()
     return b"data: " + render(exc) + b"\n\ndata: [DONE]\n\n"
+
+
+# ------------------------------------------------------------------------------------ overload control
+class Shed(RateLimited):
+    """A sheddable tier's request refused by the overload control (queue full, or its queued time would break
+    its TTFT target): 429 with ``x-gearshift-limit: overload``."""
+
+    def __init__(self, message: str, *, retry_after_s: float) -> None:
+        super().__init__(message, limit="overload", retry_after_s=retry_after_s)
+
+
+class FleetOverloaded(GatewayError):
+    """A non-sheddable request waited in the overload queue up to its TTFT target (or the maximum wait), or
+    found the queue full of requests that may not be shed: 503 with ``Retry-After``."""
+
+    status = 503
+    type = "api_error"
+    code = "overloaded"
+
+    def __init__(self, message: str, *, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+    def headers(self) -> dict[str, str]:
+        return {"retry-after": str(max(1, math.ceil(self.retry_after_s)))}
+
+
+def _note(exc: GatewayError) -> None:
+    """Log what the client is not told (the message names the request id)."""
+    if exc.detail is not None:
+        log.warning("%s %s", exc.message, exc.detail)

@@ -29,8 +29,15 @@ COST: Final = "gearshift_gateway_cost_usd"
 LOOP_ERRORS: Final = "gearshift_gateway_background_errors"
 LEDGER_BACKLOG: Final = "gearshift_gateway_ledger_backlog"
 STORE_FAILURES: Final = "gearshift_gateway_store_failures"
+STORE_UP: Final = "gearshift_gateway_store_up"
+SPOOL_BYTES: Final = "gearshift_gateway_spool_bytes"
+SPOOL_FULL: Final = "gearshift_gateway_spool_full"
 ASYNCIO_TASKS: Final = "gearshift_gateway_asyncio_tasks"
 OPEN_CONNECTIONS: Final = "gearshift_gateway_open_connections"
+QUEUE_DEPTH: Final = "gearshift_gateway_queue_depth"
+QUEUED_TIME: Final = "gearshift_gateway_queued_seconds"
+SHED: Final = "gearshift_gateway_shed_requests"
+BROWNOUT: Final = "gearshift_gateway_brownout"
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 _TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5, 1.0)
@@ -85,9 +92,28 @@ class GatewayMetrics:
         self.store_failures = Counter(
             STORE_FAILURES, "Shared-store calls that failed, by operation", ["op"], registry=r
         )
+        self.store_up = Gauge(STORE_UP, "1 while the shared store answers, 0 during an outage", registry=r)
+        self.store_up.set(1)
+        self.spool_bytes = Gauge(SPOOL_BYTES, "Usage records in the local spool, bytes", registry=r)
+        self.spool_full = Gauge(SPOOL_FULL, "1 while the local usage spool is full", registry=r)
         self.asyncio_tasks = Gauge(ASYNCIO_TASKS, "asyncio tasks alive in the gateway's event loop", registry=r)
         self.asyncio_tasks.set_function(_running_tasks)
         self.open_connections = Gauge(OPEN_CONNECTIONS, "Client connections open on this gateway", registry=r)
+        self.queue_depth = Gauge(
+            QUEUE_DEPTH, "Requests waiting in the overload queue, per model and priority band", ["model", "band"],
+            registry=r,
+        )  # fmt: skip
+        self.queued_time = Histogram(
+            QUEUED_TIME,
+            "Time a request waited in the overload queue (dispatched or refused), seconds",
+            ["tier"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.shed = Counter(
+            SHED, "Requests the overload control refused, by tier and reason", ["tier", "reason"], registry=r
+        )
+        self.brownout = Gauge(BROWNOUT, "1 while the brownout caps max_tokens", registry=r)
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
 
     def child(self, metric: Any, *values: str) -> Any:

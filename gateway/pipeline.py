@@ -1,4 +1,4 @@
-"""The request pipeline (DESIGN §6): parse → authorise the model → admit → route → forward → relay → meter.
+"""The request pipeline (DESIGN §6): parse → authorise the model → admit → route → queue → forward → relay → meter.
 ``complete`` is the whole pipeline in one function; each step is a method of ``Call``, the state of one
 request, which calls the stage module that does the work (``admission``, ``routing``, ``upstream``,
 ``relay``, ``metering``) and keeps the request's span.
@@ -65,17 +65,19 @@ async def complete(
     monotonic time when the request arrived, ``receive`` the ASGI channel that tells when the client leaves."""
     req = parse_completion(raw, prompt_field=endpoint.prompt_field, rules=gw.body_rules)
     authorise(gw, principal, req)  # 404 / 403 / 400
+    gw.overload.brownout_cap(req, principal.tier)  # lower max_tokens while the brownout is on
     call = Call(gw, principal, req, endpoint, request_id, started)
     tail = None
     with relay.DisconnectGuard(receive) as guard:  # a client that leaves cancels the call
         try:
             call.ticket = await call.admit()  # 429 with the limit that tripped
             ranked = await call.route()  # 503 when no worker qualifies
+            ranked = await call.queue(ranked)  # waits while no worker has headroom; 429 / 503 when refused
             hold = await call.forward(ranked)  # retried before the first byte; 502 / 503 / 504
         except BaseException as exc:
             await call.abandon(exc)
             raise
-        async with hold:  # the one cleanup of the worker's side of the call
+        async with gw.overload.on_release(req.model), hold:  # the one cleanup of the worker's side of the call
             if not (req.stream and hold.response.status == 200):
                 return await call.whole(hold)
             tail = await call.stream(hold, send, guard, headers)
@@ -151,16 +153,31 @@ class Call:
     async def route(self) -> list[WorkerView]:
         gw = self.gw
         with self._child_span("gearshift.routing") as span:
-            ctx = RouteContext(model=self.req.model, tier=self.principal.tier, now=gw.clock.wall())
+            req, tier = self.req, self.principal.tier
+            ctx = RouteContext(model=req.model, tier=tier, now=gw.clock.wall(), prompt_tokens=req.prompt_tokens)
             decision = await gw.router.route(ctx, list(gw.pool.views.values()))
             if not decision.ranked:
                 raise errors.NoWorkerAvailable(
-                    f"No healthy worker serves '{self.req.model}' (excluded: {decision.filtered_out}).",
+                    f"No healthy worker serves '{self.req.model}'; request id {self.request_id}.",
                     param="model",
+                    detail=f"excluded: {decision.filtered_out}",
                 )
             span.set_attribute("gearshift.route.ranked", [w.id for w in decision.ranked])
             span.set_attribute("gearshift.route.scores", [round(decision.scores[w.id], 4) for w in decision.ranked])
             return decision.ranked
+
+    async def queue(self, ranked: list[WorkerView]) -> list[WorkerView]:
+        """Wait in the overload queue when no worker has headroom (``gateway.overload``; at once otherwise), then
+        rank the workers again for the state the wait left."""
+        gw, tier = self.gw, self.principal.tier
+        waited = await gw.overload.enter(
+            model=self.req.model, ranked=ranked, tenant=self.principal.tenant.id, tier_name=self.principal.tier_name,
+            tier=tier, tokens=self.req.reserved_tokens,
+        )  # fmt: skip
+        if waited is None:
+            return ranked
+        self.span.set_attribute("gearshift.queued_s", waited)
+        return await self.route()
 
     async def forward(self, ranked: list[WorkerView]) -> Hold:
         gw, req = self.gw, self.req
@@ -168,13 +185,15 @@ class Call:
         with self._child_span(f"{self.endpoint.operation} {req.model}", SpanKind.CLIENT) as span:
             self.forwarded_at = gw.clock.monotonic()
             hold = await gw.upstream.open(
-                ranked, self.endpoint.path, body, stream=req.stream, prompt_tokens=req.prompt_tokens
-            )
+                ranked, self.endpoint.path, body, stream=req.stream, request_id=self.request_id,
+                prompt_tokens=req.prompt_tokens,
+            )  # fmt: skip
             span.set_attribute(attr.WORKER, hold.worker.id)
             span.set_attribute(attr.SERVER_ADDRESS, hold.worker.config.url)
             span.set_attribute("gearshift.attempts", hold.attempts)
             span.set_attribute("http.response.status_code", hold.response.status)
         self.span.set_attribute(attr.WORKER, hold.worker.id)
+        gw.overload.poke(req.model)  # its prefill is done: the worker may have room again
         return hold
 
     async def whole(self, hold: Hold) -> Response:
@@ -190,7 +209,11 @@ class Call:
             raise
         status = hold.response.status
         hold.ok = status < 400
-        await self._settle(self._meter(hold, "ok" if status < 400 else "error", usage=usage))
+        if status >= 400:  # the worker's own error answer, in the gateway's shape
+            refusal = errors.from_worker(status, body)
+            await self._settle(self._meter(hold, "error", usage=None, error=refusal))
+            return errors.respond(refusal, self.gw.metrics)
+        await self._settle(self._meter(hold, "ok", usage=usage))
         return Response(body, status_code=status, media_type="application/json")
 
     async def stream(
@@ -199,7 +222,11 @@ class Call:
         """Relay the worker's events, meter the stream (the settlement is awaited, so the client's next request
         sees it), and return the last event: ``[DONE]``, or the error event and ``[DONE]``."""
         gw = self.gw
-        meter = StreamMeter(strip_usage=not self.req.client_wants_usage)
+        req = self.req
+        meter = StreamMeter(
+            strip_usage=not req.client_wants_usage,
+            strip_chunk_usage=not req.client_wants_chunk_usage,
+        )
         try:
             error = await relay.stream(
                 hold, meter, send, guard, headers=headers, clock=gw.clock, idle_timeout_s=gw.settings.idle_timeout_s
@@ -261,10 +288,11 @@ class Call:
     def _end_span(self, error: BaseException | None) -> None:
         if isinstance(error, errors.GatewayError):
             self.span.set_attribute(attr.ERROR_TYPE, type(error).__name__)
-            self.span.set_status(Status(StatusCode.ERROR, error.message))
+            self.span.set_status(Status(StatusCode.ERROR, error.detail or error.message))
 
     async def abandon(self, exc: BaseException) -> None:
         """The request failed before a worker answered: release what admission reserved, end the span."""
+        self.gw.overload.poke(self.req.model)  # a worker it tried may have room again
         self._end_span(exc)
         self.span.end()
         if self.ticket is not None:

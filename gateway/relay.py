@@ -102,7 +102,8 @@ async def stream(
     ``[DONE]``."""
     await send({"type": "http.response.start", "status": 200, "headers": [*SSE_HEADERS, *headers]})
     guard.answering = True
-    content, worker = hold.response.content, hold.worker.id
+    content, worker, request_id = hold.response.content, hold.worker.id, hold.request_id
+    streaming = "The upstream worker failed while streaming"
     chunk = hold.first_chunk
     while True:
         out = meter.feed(chunk, clock.monotonic())
@@ -114,25 +115,32 @@ async def stream(
             async with asyncio.timeout(idle_timeout_s):
                 chunk = await content.readany()
         except TimeoutError:
-            return UpstreamTimeout(f"Worker {worker} sent nothing for {idle_timeout_s} s.")
+            summary = f"The upstream worker sent nothing for {idle_timeout_s:g} s while streaming"
+            return UpstreamTimeout(f"worker {worker} went idle", request_id=request_id, summary=summary)
         except (aiohttp.ClientError, OSError) as exc:
-            return UpstreamFailed(f"Worker {worker} failed mid-stream: {exc!r}")
+            detail = f"worker {worker} failed mid-stream: {exc!r}"
+            return UpstreamFailed(detail, request_id=request_id, summary=streaming)
         if not chunk:
-            return UpstreamFailed(f"Worker {worker} ended the stream without [DONE].")
+            detail = f"worker {worker} ended the stream without [DONE]"
+            return UpstreamFailed(detail, request_id=request_id, summary=streaming)
 
 
 async def read_whole(hold: Hold, *, timeout_s: float) -> tuple[bytes, Usage | None]:
     """The rest of a whole (non-streamed, or error) answer within ``timeout_s`` seconds, and the usage block of
     a successful one; ``UpstreamFailed`` when the worker breaks off or a 200 answer is not JSON."""
-    response, worker = hold.response, hold.worker.id
+    response, worker, request_id = hold.response, hold.worker.id, hold.request_id
     try:
         async with asyncio.timeout(timeout_s):
             body = hold.first_chunk + await response.read()
     except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-        raise UpstreamFailed(f"Worker {worker} failed while answering: {exc!r}") from None
+        detail = f"worker {worker} failed while answering: {exc!r}"
+        summary = "The upstream worker failed while answering"
+        raise UpstreamFailed(detail, request_id=request_id, summary=summary) from None
     if response.status != 200:
         return body, None
     try:
         return body, usage_of(orjson.loads(body))
     except orjson.JSONDecodeError:
-        raise UpstreamFailed(f"Worker {worker} answered with a body that is not JSON.") from None
+        detail = f"worker {worker} answered 200 with a body that is not JSON"
+        summary = "The upstream worker sent an answer that is not JSON"
+        raise UpstreamFailed(detail, request_id=request_id, summary=summary) from None

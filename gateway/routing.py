@@ -4,17 +4,19 @@ Every filter and scorer has one async signature and sees the same ``RouteContext
 the router adds them with weights from the settings and orders the candidates best first (the first is
 used, the rest are the retry order). With no controller running there is no published state: the queue
 scorer then uses the gateway's own in-flight count (and outstanding prompt tokens) per worker, and the
-other scorers give every worker the same score, so routing falls back to least-loaded.
+other scorers give every worker the same score, so routing falls back to least-loaded. The TTFT scorer
+predicts each worker's time to first token from the prompt tokens outstanding there and its prefill rate.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from fleet.config import SpeculationPreference, TierConfig
+from fleet.config import FleetConfig, SpeculationPreference, TierConfig
+from fleet.perf import Profile, StepShape, load_profile, step_time
 from gateway.pool import WorkerView
 
 
@@ -24,6 +26,8 @@ class RouteContext:
     tier: TierConfig
     now: float
     """Unix seconds."""
+    prompt_tokens: int = 0
+    """The request's estimated prompt tokens (the prefill it adds to the worker it goes to)."""
 
 
 class Filter(Protocol):
@@ -107,6 +111,66 @@ class KvCacheScorer:
 
     async def __call__(self, ctx: RouteContext, workers: Sequence[WorkerView]) -> list[float]:
         return [1.0 - min(1.0, max(0.0, w.state.kv_usage)) if w.state else 1.0 for w in workers]
+
+
+def profile_prefill_rate(profile: Profile) -> float:
+    """Prompt tokens per second a worker prefills with nothing else in the step: one chunked-prefill step of
+    ``chunked_prefill_tokens`` over its predicted step time (``fleet.perf.step_time``, no speculation)."""
+    chunk = profile.chunked_prefill_tokens
+    return chunk / step_time(profile, StepShape(decode_seqs=0, k=0, context_tokens=0, prefill_tokens=chunk)).total_s
+
+
+def prefill_rates(fleet: FleetConfig, *, override: float | None = None) -> dict[str, float]:
+    """Worker id → prefill rate (tokens per second): ``override`` when set, else from its model's profile."""
+    if override is not None:
+        return {w.id: override for w in fleet.workers}
+    by_profile: dict[str, float] = {}
+    rates = {}
+    for w in fleet.workers:
+        model = fleet.model(w.model)
+        name = model.profile if model is not None else "kimi-k3-dspark-tp16"
+        if name not in by_profile:
+            by_profile[name] = profile_prefill_rate(load_profile(name))
+        rates[w.id] = by_profile[name]
+    return rates
+
+
+DEFAULT_PREFILL_TOKENS_PER_S = 10_000.0
+"""Prefill rate of a worker missing from the scorer's rates, tokens per second."""
+DEFAULT_TTFT_REFERENCE_S = 2.0
+"""TTFT scale for a tier without ``ttft_target_s`` (``GatewaySettings.ttft_reference_s``)."""
+
+
+class TtftScorer:
+    """``1 / (1 + predicted_ttft / target)`` with ``predicted_ttft = (prefill_tokens + prompt_tokens) / rate``
+    (seconds): the prompt tokens this gateway has outstanding on the worker (not yet answered with a first byte)
+    plus this request's, over the worker's prefill rate (tokens per second, from its profile or the settings),
+    and ``target`` the tier's ``ttft_target_s`` (else ``reference_s``). A worker with nothing to prefill scores
+    ``1 / (1 + prompt / (rate · target))``; one predicted to take the whole target scores 0.5."""
+
+    name = "ttft"
+
+    def __init__(
+        self,
+        *,
+        rates: Mapping[str, float] | None = None,
+        default_rate: float = DEFAULT_PREFILL_TOKENS_PER_S,
+        reference_s: float = DEFAULT_TTFT_REFERENCE_S,
+    ) -> None:
+        if default_rate <= 0 or reference_s <= 0 or any(r <= 0 for r in (rates or {}).values()):
+            raise ValueError("prefill rates and reference_s must be positive")
+        self._rates = dict(rates or {})
+        self._default_rate = default_rate
+        self._reference_s = reference_s
+
+    def predicted_ttft(self, ctx: RouteContext, worker: WorkerView) -> float:
+        """Seconds until ``worker`` would have prefilled this request after the work queued before it."""
+        rate = self._rates.get(worker.id, self._default_rate)
+        return (worker.prefill_tokens + ctx.prompt_tokens) / rate
+
+    async def __call__(self, ctx: RouteContext, workers: Sequence[WorkerView]) -> list[float]:
+        target = ctx.tier.ttft_target_s or self._reference_s
+        return [1.0 / (1.0 + self.predicted_ttft(ctx, w) / target) for w in workers]
 
 
 NEUTRAL_SCORE = 0.5
@@ -217,12 +281,22 @@ def default_router(
     weight_queue: float,
     weight_kv: float,
     weight_speculation: float,
+    weight_ttft: float = 0.0,
     prefill_tokens_per_slot: int = DEFAULT_PREFILL_TOKENS_PER_SLOT,
+    prefill_rates: Mapping[str, float] | None = None,
+    ttft_reference_s: float = DEFAULT_TTFT_REFERENCE_S,
     rng: random.Random | None = None,
 ) -> Router:
+    """The gateway's router; ``weight_ttft`` 0 (the default here) leaves the TTFT scorer out."""
     queue = QueueScorer(prefill_tokens_per_slot=prefill_tokens_per_slot)
+    ttft = TtftScorer(rates=prefill_rates, reference_s=ttft_reference_s)
     return Router(
         [ModelFilter(), HealthyFilter(), NotEjectedFilter()],
-        [(queue, weight_queue), (KvCacheScorer(), weight_kv), (SpeculationScorer(), weight_speculation)],
+        [
+            (queue, weight_queue),
+            (KvCacheScorer(), weight_kv),
+            (SpeculationScorer(), weight_speculation),
+            (ttft, weight_ttft),
+        ],
         rng=rng,
     )

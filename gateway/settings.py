@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Literal, Self
 
 from pydantic import Field, model_validator
 
-from fleet.config import CommonSettings
+from fleet.config import CommonSettings, exposure, refuse_dev_secrets
 
 Seconds = Annotated[float, Field(gt=0)]
 Weight = Annotated[float, Field(ge=0)]
@@ -42,7 +43,20 @@ class GatewaySettings(CommonSettings):
     store_failure_mode: Literal["open", "closed"] = "open"
     """When the shared store fails during admission: ``open`` serves on process-local limits, ``closed`` answers 503."""
     local_limit_share: Annotated[float, Field(gt=0, le=1)] = 1.0
-    """Share of each tenant limit this replica enforces on its own while failing open (1/N for N replicas)."""
+    """Share of each tenant limit this replica enforces on its own while failing open (1/N for N replicas);
+    ``gateway_replicas`` lowers it to 1/N by itself."""
+    gateway_replicas: Annotated[int, Field(gt=0)] = 1
+    """At least this many gateway replicas share the store. The count each uses while failing open is the larger
+    of this and the store's replica registry (``gateway.replicas``) as last seen: each enforces limit / count."""
+    replica_heartbeat_s: Seconds = 2.0
+    """How often this replica heartbeats into the replica registry (it counts for three intervals)."""
+    spool_dir: Path | None = None
+    """Directory of the durable usage spool (``gateway.spool``): usage records the store cannot take are kept
+    there and replayed when it is back, surviving a kill -9. On Kubernetes, a volume that survives a reschedule.
+    None keeps them in memory only (lost if the process dies during an outage)."""
+    spool_max_bytes: Annotated[int, Field(gt=0)] = 256 * 1024 * 1024
+    """Bound of the spool; when full, records wait in memory, ``gearshift_gateway_spool_full`` is 1 and an error
+    is logged."""
 
     # outlier ejection, shared through the store
     eject_after_failures: Annotated[int, Field(gt=0)] = 3
@@ -88,6 +102,48 @@ class GatewaySettings(CommonSettings):
     otlp_endpoint: str | None = None
     """OTLP/HTTP traces endpoint (for example ``http://collector:4318/v1/traces``); None turns tracing off."""
     service_name: str = "gearshift-gateway"
+
+    # TTFT-aware routing (gateway/routing.py, TtftScorer)
+    weight_ttft: Weight = 1.0
+    prefill_tokens_per_s: Annotated[float, Field(gt=0)] | None = None
+    """A worker's prefill rate, tokens per second, for the predicted TTFT; None takes it from each worker's
+    model profile (its chunked-prefill step, ``gateway.routing.profile_prefill_rate``)."""
+    ttft_reference_s: Seconds = 2.0
+    """The TTFT scale of the TTFT scorer for a tier without ``ttft_target_s``."""
+
+    # overload control (gateway/overload.py, gateway/fairqueue.py)
+    overload_control: bool = True
+    """Queue requests in the gateway when no worker of the model has headroom; off sends every request on."""
+    overload_max_occupancy: Annotated[float, Field(gt=0)] = 1.0
+    """Headroom: a worker takes a new request while ``load + prefill_tokens / prefill_tokens_per_slot`` is below
+    this × its ``max_num_seqs`` (load = max(published running + waiting, this gateway's in-flight))."""
+    overload_kv_threshold: Annotated[float, Field(gt=0, le=1)] = 0.95
+    """Headroom: … and its published KV-cache usage is below this fraction."""
+    overload_queue_size: Annotated[int, Field(gt=0)] = 1024
+    """Requests the gateway queues per model at most."""
+    overload_max_wait_s: Seconds = 30.0
+    """How long a queued request of a tier without ``ttft_target_s`` waits before it is refused."""
+    overload_quantum_tokens: Annotated[int, Field(gt=0)] = 8192
+    """Deficit-round-robin quantum between the tenants of one band, tokens."""
+    overload_tick_s: Seconds = 0.05
+    """How often the queue expires late requests and re-checks headroom (capacity changes also dispatch at once)."""
+    overload_rate_window_s: Seconds = 10.0
+    """Window of the dispatch rate that predicts a new request's queued time."""
+    brownout_auto: bool = True
+    """The brownout switch starts in ``auto`` (on after sustained overload); False starts it ``off``."""
+    brownout_after_s: Seconds = 10.0
+    """Queue non-empty this long without a break turns the automatic brownout on."""
+    brownout_recover_s: Seconds = 30.0
+    """Queue empty this long turns it off again."""
+
+    @model_validator(mode="after")
+    def _check_secrets(self) -> Self:
+        """Outside the embedded default (Redis, or a public listen address) the development pepper and admin key
+        are refused: anyone could mint the demo keys' digests or call the admin API."""
+        secrets = {"key_pepper": self.key_pepper, "admin_key": self.admin_key}
+        exposed = exposure(redis_url=self.redis_url, host=self.host)
+        refuse_dev_secrets(secrets, exposed=exposed, allowed=self.allow_dev_secrets)
+        return self
 
     @model_validator(mode="after")
     def _check_timeouts(self) -> Self:

@@ -1,16 +1,30 @@
-"""Server-sent events from a worker: split into events, find the usage block, strip it when the client did
-not ask for it, hold back ``[DONE]`` (the relay sends it after metering), and note when tokens arrive (for TTFT
-and TPOT at the gateway).
+"""Server-sent events from a worker: split into events, read the usage they carry, strip what the client did not
+ask for, hold back ``[DONE]`` (the relay sends it after metering), and note when chunks arrive (for TTFT and
+TPOT at the gateway).
+
+The gateway asks every stream for vLLM's ``continuous_usage_stats``: each chunk then carries its choice's
+running ``completion_tokens``. A chunk holds one engine step's tokens — up to k + 1 under speculation — so
+counting chunks would undercount a stream that ends without its final usage block (the worker died, the client
+left); the running count does not. The meter keeps the latest count per choice and removes the per-chunk
+``usage`` unless the client asked for it (and the final usage chunk unless it asked for that).
 
 Events are forwarded as soon as they are complete (``\\n\\n``-terminated); only a partial event is held back.
-Only events that mention ``"usage"`` are parsed — every other event passes through as bytes.
+An event that mentions neither ``"usage"`` nor ``"error"`` passes through as bytes; the others are parsed with
+orjson (a chunk's usage removed and the chunk re-serialised when the client did not ask for it). Measured on this
+machine (best of 15 runs, one read per chunk), that makes the meter about 4.3 µs per chunk dearer — a 32-chunk
+stream from about 66 to about 205 µs. A byte splice of the usage member per chunk (4.6 µs) and one
+regular-expression pass per read (about 7 µs) measured dearer still: CPython's per-call overhead dominates and
+orjson is already near that floor, so parsing is the cheaper correct option. A worker's in-band error event is
+rewritten in the gateway's error shape (``gateway.errors.from_worker``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import orjson
+
+from gateway.errors import from_worker, render
 
 DONE = b"data: [DONE]"
 
@@ -38,12 +52,31 @@ class StreamMeter:
     """Reads a worker's event stream as it passes; times are the caller's monotonic seconds."""
 
     strip_usage: bool
+    """Drop the final usage chunk (the client did not ask for ``include_usage``)."""
+    strip_chunk_usage: bool = True
+    """Drop each chunk's running usage (the client did not ask for ``continuous_usage_stats``)."""
     usage: Usage | None = None
+    """The final usage block, once it arrived."""
     first_token_at: float | None = None
     last_token_at: float | None = None
-    token_events: int = 0
+    chunk_events: int = 0
+    """Chunks with choices relayed (one per engine step per choice: not a token count)."""
+    choice_tokens: dict[int, int] = field(default_factory=dict)
+    """Choice index → its latest running ``completion_tokens`` (from the per-chunk usage)."""
+    prompt_tokens: int = 0
+    """From the per-chunk usage."""
     done: bool = False
     _pending: bytes = b""
+
+    @property
+    def completion_tokens(self) -> int:
+        """Completion tokens of the stream so far: the final usage block's, else the sum of the choices' running
+        counts, else (a worker that sends no per-chunk usage) the chunks relayed, a lower bound."""
+        if self.usage is not None:
+            return self.usage.completion_tokens
+        if self.choice_tokens:
+            return sum(self.choice_tokens.values())
+        return self.chunk_events
 
     def feed(self, chunk: bytes, now: float) -> bytes:
         """Add a chunk from the worker; return the complete events to forward to the client."""
@@ -54,13 +87,14 @@ class StreamMeter:
             return b""
         self._pending = data[end + 2 :]
         complete = data[: end + 2]
-        if b'"usage"' not in complete and DONE not in complete:
-            self._count_tokens(complete.count(b"data:"), now)
+        if b'"usage"' not in complete and b'"error"' not in complete and DONE not in complete:
+            self._count_chunks(complete.count(b"data:"), now)
             return complete
         out = []
         for event in complete.split(b"\n\n")[:-1]:
-            if self._keep(event, now):
-                out.append(event + b"\n\n")
+            kept = self._keep(event, now)
+            if kept:
+                out.append(kept + b"\n\n")
         return b"".join(out)
 
     def flush(self) -> bytes:
@@ -68,30 +102,50 @@ class StreamMeter:
         rest, self._pending = self._pending, b""
         return rest
 
-    def _count_tokens(self, events: int, now: float) -> None:
+    def _count_chunks(self, events: int, now: float) -> None:
         if events:
-            self.token_events += events
+            self.chunk_events += events
             if self.first_token_at is None:
                 self.first_token_at = now
             self.last_token_at = now
 
-    def _keep(self, event: bytes, now: float) -> bool:
+    def _keep(self, event: bytes, now: float) -> bytes | None:
+        """The event to forward (rewritten when it carries usage or an error), or None to drop it."""
         if event.startswith(DONE):
             self.done = True  # the relay sends [DONE] itself, after metering
-            return False
-        if b'"usage"' not in event or not event.startswith(b"data:"):
-            self._count_tokens(event.count(b"data:"), now)
-            return True
+            return None
+        if not event.startswith(b"data:") or (b'"usage"' not in event and b'"error"' not in event):
+            self._count_chunks(event.count(b"data:"), now)
+            return event
         try:
             obj = orjson.loads(event[5:])
         except orjson.JSONDecodeError:
-            return True
+            return event
+        if not isinstance(obj, dict):
+            return event
+        if isinstance(obj.get("error"), dict):
+            return self._error_event(obj)
         usage = usage_of(obj)
+        choices = obj.get("choices")
         if usage is None:
-            self._count_tokens(1, now)
-            return True
-        self.usage = usage
-        usage_only = isinstance(obj, dict) and not obj.get("choices")
-        if not usage_only:
-            self._count_tokens(1, now)
-        return not (usage_only and self.strip_usage)
+            self._count_chunks(1, now)
+            return event
+        if not choices:  # the final usage chunk
+            self.usage = usage
+            return None if self.strip_usage else event
+        self._count_chunks(1, now)
+        self.prompt_tokens = usage.prompt_tokens
+        index = choices[0].get("index", 0) if isinstance(choices, list) and isinstance(choices[0], dict) else 0
+        self.choice_tokens[int(index)] = usage.completion_tokens
+        if not self.strip_chunk_usage:
+            return event
+        del obj["usage"]
+        return b"data: " + orjson.dumps(obj)
+
+    @staticmethod
+    def _error_event(obj: dict[str, object]) -> bytes:
+        """A worker's in-band error (vLLM: ``{"error": {…, "code": 500}}``) in the gateway's error shape."""
+        error = obj["error"]
+        code = error.get("code") if isinstance(error, dict) else None
+        status = code if isinstance(code, int) and 400 <= code < 600 else 500
+        return b"data: " + render(from_worker(status, orjson.dumps(obj)))

@@ -34,16 +34,25 @@ class Hold:
     the call's outcome to the pool: ``failure`` charges the worker, ``ok`` clears its failures. A call that ends
     with neither (cancelled, or a worker's own 4xx answer) reports nothing."""
 
-    __slots__ = ("_gauge", "_pool", "_prefill", "attempts", "failure", "first_chunk", "ok", "refused", "response",
-                 "worker")  # fmt: skip
+    __slots__ = ("_gauge", "_pool", "_prefill", "attempts", "failure", "first_chunk", "ok", "refused", "request_id",
+                 "response", "worker")  # fmt: skip
 
     response: aiohttp.ClientResponse
     """Set once the worker answered with a status (always set on a hold that ``Upstream.open`` returns)."""
 
     def __init__(
-        self, worker: WorkerView, *, prompt_tokens: int, attempts: int, pool: WorkerPool, gauge: Gauge
+        self,
+        worker: WorkerView,
+        *,
+        prompt_tokens: int,
+        attempts: int,
+        pool: WorkerPool,
+        gauge: Gauge,
+        request_id: str = "",
     ) -> None:
         self.worker = worker
+        self.request_id = request_id
+        """The gateway's id of the request (named in the client's error messages)."""
         self.attempts = attempts
         """Workers tried for this call, this one included."""
         self.first_chunk = b""
@@ -73,7 +82,8 @@ class Hold:
         self.worker.in_flight -= 1
         self._gauge.dec()
         if self.failure is not None:
-            await self._pool.failed(self.worker, reason=self.failure.message, refused=self.refused)
+            reason = self.failure.detail or self.failure.message
+            await self._pool.failed(self.worker, reason=reason, refused=self.refused)
         elif self.ok:
             self._pool.succeeded(self.worker)
 
@@ -121,7 +131,14 @@ class Upstream:
         self._gauges = {view.id: metrics.in_flight.labels(worker=view.id) for view in pool.views.values()}
 
     async def open(
-        self, ranked: Sequence[WorkerView], path: str, body: bytes, *, stream: bool, prompt_tokens: int = 0
+        self,
+        ranked: Sequence[WorkerView],
+        path: str,
+        body: bytes,
+        *,
+        stream: bool,
+        request_id: str,
+        prompt_tokens: int = 0,
     ) -> Hold:
         """A hold on the first of the ``1 + max_retries`` best workers that answers, or the last failure.
 
@@ -133,8 +150,9 @@ class Upstream:
             if last is not None:
                 self._metrics.upstream_retries.labels(worker=view.id, cause=last.cause).inc()
             hold = Hold(
-                view, prompt_tokens=prompt_tokens, attempts=attempt, pool=self._pool, gauge=self._gauges[view.id]
-            )
+                view, prompt_tokens=prompt_tokens, attempts=attempt, pool=self._pool, gauge=self._gauges[view.id],
+                request_id=request_id,
+            )  # fmt: skip
             try:
                 await self._attempt(hold, path, body, stream=stream)
             except _Attempt as failure:
@@ -147,7 +165,7 @@ class Upstream:
                 raise
             return hold
         if last is None:
-            raise NoWorkerAvailable("No worker is available.")
+            raise NoWorkerAvailable(f"No worker is available; request id {request_id}.")
         raise last.error
 
     async def _attempt(self, hold: Hold, path: str, body: bytes, *, stream: bool) -> None:
@@ -163,25 +181,29 @@ class Upstream:
                 )
                 if response.status >= 500:
                     text = (await response.content.read(_ERROR_BODY_LIMIT)).decode(errors="replace")
-                    raise _Attempt(
-                        f"http_{response.status}",
-                        UpstreamFailed(f"Worker {view.id} answered {response.status}: {text[:500]}"),
-                    )
+                    detail = f"worker {view.id} answered {response.status}: {text[:500]}"
+                    raise _Attempt(f"http_{response.status}", UpstreamFailed(detail, request_id=hold.request_id))
                 first = await response.content.readany()
                 if not first:
-                    raise _Attempt("empty", UpstreamFailed(f"Worker {view.id} closed the response before any data."))
+                    detail = f"worker {view.id} closed the response before any data"
+                    raise _Attempt("empty", UpstreamFailed(detail, request_id=hold.request_id))
                 hold.answered(first)
         except BaseException as exc:  # cancellation included (the hold closes the response)
-            raise _classify(view, exc, limit) from None
+            raise _classify(hold, exc, limit) from None
 
 
-def _classify(view: WorkerView, exc: BaseException, limit_s: float) -> BaseException:
+def _classify(hold: Hold, exc: BaseException, limit_s: float) -> BaseException:
     """The ``_Attempt`` a failure before the first byte counts as; other exceptions pass unchanged."""
+    worker, request_id = hold.worker.id, hold.request_id
     if isinstance(exc, TimeoutError):
-        return _Attempt("timeout", UpstreamTimeout(f"Worker {view.id} did not answer within {limit_s} s."))
+        summary = f"The upstream worker did not answer within {limit_s:g} s"
+        timeout = UpstreamTimeout(f"worker {worker} timed out", request_id=request_id, summary=summary)
+        return _Attempt("timeout", timeout)
     if isinstance(exc, aiohttp.ClientConnectorError):
-        error = NoWorkerAvailable(f"Cannot connect to worker {view.id}: {exc.os_error}")
-        return _Attempt("connect", error, refused=True)
+        message = f"No worker could be reached; request id {request_id}."
+        refused = NoWorkerAvailable(message, detail=f"cannot connect to worker {worker}: {exc.os_error}")
+        return _Attempt("connect", refused, refused=True)
     if isinstance(exc, aiohttp.ClientError | OSError):
-        return _Attempt("disconnect", UpstreamFailed(f"Worker {view.id} failed before answering: {exc!r}"))
+        detail = f"worker {worker} failed before answering: {exc!r}"
+        return _Attempt("disconnect", UpstreamFailed(detail, request_id=request_id))
     return exc

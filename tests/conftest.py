@@ -1,5 +1,6 @@
-"""Root fixtures shared by every test area: a clean ``GEARSHIFT_*`` environment for each test and a real
-``redis-server`` on loopback. Keep this file generic; area fixtures live in ``tests/<area>/conftest.py``."""
+"""Root fixtures shared by every test area: a clean ``GEARSHIFT_*`` environment for each test, a real
+``redis-server`` and a real Redis Cluster (3 masters, 3 replicas) on loopback. Keep this file generic; area
+fixtures live in ``tests/<area>/conftest.py``."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from bench.procs import ProcessFailed, start_redis
+from bench.procs import ProcessFailed, start_redis, start_redis_cluster
 
 
 @pytest.fixture(autouse=True)
@@ -31,3 +32,18 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield proc.url
     finally:
         proc.stop(timeout_s=10.0)
+
+
+@pytest.fixture(scope="session")
+def redis_cluster_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """URL of one node of a real Redis Cluster (3 masters, 3 replicas) started for this test session on
+    127.0.0.1 (stopped at the end); connect with ``GEARSHIFT_REDIS_CLUSTER`` semantics (the cluster client).
+    Tests share it: isolate with a unique key prefix."""
+    try:
+        cluster = start_redis_cluster(log_dir=tmp_path_factory.mktemp("redis-cluster"))
+    except ProcessFailed as exc:
+        pytest.fail(f"{exc} (or `apt-get install redis-server redis-tools`)", pytrace=False)
+    try:
+        yield cluster.url
+    finally:
+        cluster.stop(timeout_s=10.0)

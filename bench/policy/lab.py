@@ -2,14 +2,17 @@
 (``workers.sim.virtual.VirtualLab``), the policy ticking, a recorder sampling every worker each tick.
 
 A run covers the scenario's phases, then a drain (no new arrivals, at most ``DRAIN_S``) so that requests that
-arrived in time can finish; metrics count work that arrived before the end (``bench.policy.run_metrics``).
+arrived in time can finish, for latency figures only: at every phase boundary (and the warm-up's end) the run
+records each request's output tokens so far, and goodput counts only tokens delivered inside the measured
+window (``bench.policy.run_metrics``). Poisson ``load`` must be resolved to a rate first
+(``bench.policy.load.resolve``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from bench.policy.capacity import MixPoint, capacity_requests_per_s
+from bench.policy.capacity import MixPoint
 from bench.policy.controller_lab import lab_fleet
 from bench.policy.cost_meter import ControllerCostMeter, ModelCost
 from bench.policy.policies import LabContext, LabPolicy
@@ -49,6 +52,9 @@ class RawRun:
     """Times a worker's applied schedule changed (every worker, the whole run)."""
     model_cost: ModelCost | None = None
     """The controller's cost model's totals over the measured span (``bench.policy.cost_meter``)."""
+    marks: dict[float, list[int]] = field(default_factory=dict)
+    """Boundary time (s) → output tokens so far of ``records.requests[i]`` at that time (requests that had not
+    arrived yet are missing from the end of the list: zero)."""
 
 
 def _kind(cls: TrafficClass, scenario: Scenario) -> RequestKind:
@@ -72,22 +78,27 @@ def mix_point(phase: ScenarioPhase) -> MixPoint:
     )
 
 
-def poisson_rate(scenario: Scenario, phase: ScenarioPhase, profile: Profile) -> float:
+def poisson_rate(scenario: Scenario, phase: ScenarioPhase) -> float:
     """Requests/s of the phase's Poisson component (0 for closed loops)."""
     arrival = phase.arrival
     base = arrival.base if arrival.kind == "burst" else arrival
     if base.kind != "poisson":
         return 0.0
-    if base.rate_per_s is not None:
-        return base.rate_per_s
-    assert base.load is not None
-    cap = capacity_requests_per_s(
-        profile, mix_point(phase), workers=scenario.workers, max_num_seqs=scenario.max_num_seqs
-    )
-    return base.load * cap
+    if base.rate_per_s is None:
+        raise ValueError(
+            f"{scenario.name}/{phase.name}: load {base.load} is unresolved; run bench.policy.load.resolve first"
+        )
+    return base.rate_per_s
 
 
-def build_load(scenario: Scenario, profile: Profile) -> PhasedLoad:
+def boundaries(scenario: Scenario) -> list[float]:
+    """The times at which a run records every request's tokens so far: the warm-up's end and every phase's
+    start and end, seconds."""
+    marks = {scenario.warmup_s, *(t for _, a, b in scenario.phase_bounds() for t in (a, b))}
+    return sorted(marks)
+
+
+def build_load(scenario: Scenario) -> PhasedLoad:
     """The scenario as the lab's piecewise arrival process."""
     phases = []
     for p in scenario.phases:
@@ -98,7 +109,7 @@ def build_load(scenario: Scenario, profile: Profile) -> PhasedLoad:
                 duration_s=p.duration_s,
                 mix=mix,
                 concurrency=arrival.concurrency if arrival.kind == "closed" else 0,
-                rate_per_s=poisson_rate(scenario, p, profile),
+                rate_per_s=poisson_rate(scenario, p),
                 burst_size=arrival.size if arrival.kind == "burst" else 0,
                 burst_every_s=arrival.every_s if arrival.kind == "burst" else 0.0,
                 name=p.name,
@@ -112,7 +123,7 @@ def lab_context(scenario: Scenario) -> LabContext:
         profile_name=scenario.profile,
         tiers=scenario.tiers,
         tick_s=scenario.tick_s,
-        gpus_per_worker=scenario.gpus_per_worker,
+        gpus_per_worker=scenario.gpus,
         usd_per_gpu_hour=scenario.usd_per_gpu_hour,
         phase_bounds=tuple((p.name, a, b) for p, a, b in scenario.phase_bounds()),
     )
@@ -127,7 +138,7 @@ def make_workers(scenario: Scenario, profile: Profile, clock: ManualClock, start
             f"w{i}",
             clock,
             schedule=start,
-            max_num_seqs=scenario.max_num_seqs,
+            max_num_seqs=scenario.seqs,
             scheduling="priority" if uses_priority else "fcfs",
             seed=scenario.seed * 1000 + i,
         )
@@ -142,11 +153,12 @@ class _Recorder:
     policy: LabPolicy
     raw: RawRun
     last: list[Schedule]
-    meter: ControllerCostMeter
+    meter: ControllerCostMeter | None
 
     def __call__(self, tick: TickContext) -> None:
         self.policy.on_tick(tick)
-        self.meter.on_tick(tick)
+        if self.meter is not None:
+            self.meter.on_tick(tick)
         for i, w in enumerate(tick.workers):
             schedule = w.control.schedule
             if schedule != self.last[i]:
@@ -156,22 +168,28 @@ class _Recorder:
             self.raw.ticks.append(TickSample(tick.now_s, i, max(r[2] for r in schedule), stats.running, stats.waiting))
 
 
-def run_policy(scenario: Scenario, policy: LabPolicy, *, profile: Profile | None = None) -> RawRun:
-    """Run ``policy`` on ``scenario`` (deterministic for the scenario's seed)."""
+def run_policy(scenario: Scenario, policy: LabPolicy, *, profile: Profile | None = None, priced: bool = True) -> RawRun:
+    """Run ``policy`` on ``scenario`` (bound to its profile; deterministic for the scenario's seed).
+    ``priced=False`` leaves the controller's cost meter out (``model_cost`` stays None; capacity probes)."""
     profile = profile or load_profile(scenario.profile)
+    arrivals = build_load(scenario)
     clock = ManualClock()
-    start = policy.start_schedule(k_max=profile.drafter.k_max, max_num_seqs=scenario.max_num_seqs)
+    start = policy.start_schedule(k_max=profile.drafter.k_max, max_num_seqs=scenario.seqs)
     workers = make_workers(scenario, profile, clock, start)
     policy.bind(workers, lab_context(scenario))
     raw = RawRun(scenario=scenario, policy=policy.name, records=RunRecords(()))
-    meter = ControllerCostMeter(
-        workers,
-        profile,
-        clock,
-        tiers=scenario.tiers,
-        tick_s=scenario.tick_s,
-        start_s=scenario.warmup_s,
-        end_s=scenario.duration_s,
+    meter = (
+        ControllerCostMeter(
+            workers,
+            profile,
+            clock,
+            tiers=scenario.tiers,
+            tick_s=scenario.tick_s,
+            start_s=scenario.warmup_s,
+            end_s=scenario.duration_s,
+        )
+        if priced
+        else None
     )
     router = GatewayRouter(
         fleet=lab_fleet(workers, profile),
@@ -182,7 +200,7 @@ def run_policy(scenario: Scenario, policy: LabPolicy, *, profile: Profile | None
     )
     lab = VirtualLab(
         workers,
-        build_load(scenario, profile),
+        arrivals,
         clock=clock,
         seed=scenario.seed,
         tick_s=scenario.tick_s,
@@ -190,14 +208,17 @@ def run_policy(scenario: Scenario, policy: LabPolicy, *, profile: Profile | None
         router=router,
     )
     try:
-        lab.run(scenario.duration_s)
+        for t in boundaries(scenario):
+            lab.run(t)
+            raw.marks[t] = [r.output_tokens for r in lab.records.requests]
         drain_until = scenario.duration_s + DRAIN_S
         while any(w.outstanding for w in workers) and lab.now_s < drain_until:
             lab.run(min(lab.now_s + 10.0, drain_until))
     finally:
         policy.close()
         router.close()
-        meter.close()
+        if meter is not None:
+            meter.close()
     raw.records = lab.records
-    raw.model_cost = meter.result()
+    raw.model_cost = meter.result() if meter is not None else None
     return raw

@@ -26,7 +26,7 @@ def plot_goodput(result: SuiteResult, path: Path) -> None:
         ax.bar([x + i * width for x in range(len(names))], values, width, label=p)
     ax.set_xticks([x + width * (len(policies) - 1) / 2 for x in range(len(names))], names, rotation=15)
     ax.set_ylabel("goodput relative to k=0")
-    ax.legend(ncol=5, fontsize=8)
+    ax.legend(ncol=6, fontsize=8, loc="upper right")
     fig.savefig(path, dpi=100)
     plt.close(fig)
 
@@ -49,7 +49,7 @@ def plot_frontier(result: SuiteResult, path: Path, scenario: str = FRONTIER_SCEN
     ax.set_xlabel("per-user speed, tokens/s (median)")
     ax.set_ylabel("output throughput, tokens/s")
     ax.set_title(f"throughput–interactivity frontier ({scenario})")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper right")
     fig.savefig(path, dpi=100)
     plt.close(fig)
 
@@ -74,7 +74,7 @@ def plot_cost(result: SuiteResult, path: Path) -> None:
         ax.set_title(n, fontsize=9)
     for row in axes:
         row[0].set_ylabel("USD per million output tokens")
-    axes[0][0].legend(fontsize=7)
+    axes[0][0].legend(fontsize=7, loc="upper right")
     fig.savefig(path, dpi=100)
     plt.close(fig)
 

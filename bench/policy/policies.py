@@ -10,12 +10,17 @@ lab (``workers.sim.virtual.TickContext``), where it may apply a ``SpeculationUpd
 - ``PhaseOracle``: a known k per scenario phase, switched at the phase boundaries (the hindsight oracle).
 - ``ControllerPolicy``: the gearshift controller itself (``controller.loop.Controller``: estimator → policy →
   stabiliser → actuator), reading each worker's rendered ``/metrics`` and actuating its control in-process.
+- ``AdaptiveVerificationPolicy``: vLLM's DSpark adaptive verification alone (``workers.sim.adaptive``): the cap
+  stays at k_max and the engine chooses per step how many drafts to verify. ``ControllerPolicy`` with
+  ``adaptive_verification`` is both together: the controller chooses the cap, the engine chooses per step.
+
+``LAB_POLICIES`` names the policies that need no tuning to the scenario (the suite runs every one of them).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Protocol
@@ -25,9 +30,10 @@ from controller.loop import Controller
 from controller.settings import ControllerSettings
 from fleet.clock import ManualClock
 from fleet.config import TenantConfig, TenantsConfig, TierConfig
-from fleet.perf import load_profile
+from fleet.perf import Profile, load_profile
 from fleet.speculation import Schedule, SpeculationUpdate, uniform_schedule, validate_schedule
 from fleet.store.protocol import WorkerState
+from workers.sim.adaptive import AdaptiveVerification
 from workers.sim.virtual import TickContext, VirtualWorker
 
 ORACLE_LEASE_S = 3600.0
@@ -151,12 +157,46 @@ def tenants_for(tiers: Mapping[str, TierConfig]) -> TenantsConfig:
     return TenantsConfig(tiers=dict(tiers), tenants=tuple(TenantConfig(id=name, tier=name) for name in tiers))
 
 
+def enable_adaptive_verification(workers: Sequence[VirtualWorker]) -> None:
+    """Start every worker's engine with DSpark adaptive verification (the documented default parameters)."""
+    for w in workers:
+        w.engine.set_adaptive_verification(AdaptiveVerification())
+
+
+@dataclass
+class AdaptiveVerificationPolicy:
+    """The engine alone: the cap is k_max for the whole run, each engine sizes its verification per step."""
+
+    name: str = "adaptive"
+
+    def start_schedule(self, *, k_max: int, max_num_seqs: int) -> Schedule:
+        return uniform_schedule(k_max, max_num_seqs=max_num_seqs)
+
+    def bind(self, workers: Sequence[VirtualWorker], ctx: LabContext) -> None:
+        enable_adaptive_verification(workers)
+
+    def on_tick(self, tick: TickContext) -> None:
+        return None
+
+    def published_states(self) -> Mapping[str, WorkerState]:
+        return NO_STATES
+
+    def close(self) -> None:
+        return None
+
+
 @dataclass
 class ControllerPolicy:
-    """The gearshift controller, ticking in virtual time. Workers start at k_max, like a fresh vLLM worker."""
+    """The gearshift controller, ticking in virtual time. Workers start at k_max, like a fresh vLLM worker.
+    With ``adaptive_verification`` their engines adapt too, and the controller (which sees it in their metrics)
+    chooses the cap."""
 
     name: str = "gearshift"
     settings_overrides: Mapping[str, object] = field(default_factory=dict)
+    adaptive_verification: bool = False
+    believed: Profile | None = None
+    """The profile the controller's model holds (None: the scenario's, which the workers run too); set it to
+    another to run the controller with a wrong model (``bench.policy.robustness``)."""
     controller: Controller | None = None
     _loop: asyncio.AbstractEventLoop | None = None
     _states: Mapping[str, WorkerState] = field(default_factory=dict)
@@ -168,13 +208,19 @@ class ControllerPolicy:
         clock = workers[0].control.clock
         if not isinstance(clock, ManualClock):
             raise TypeError("ControllerPolicy: the virtual lab's workers must run on a ManualClock")
+        if self.adaptive_verification:
+            enable_adaptive_verification(workers)
         settings = ControllerSettings(
             tick_s=ctx.tick_s,
             metrics_port=0,
             **dict(self.settings_overrides),  # type: ignore[arg-type]
         )
         self.controller = lab_controller(
-            workers, load_profile(ctx.profile_name), clock, settings=settings, tenants=tenants_for(ctx.tiers)
+            workers,
+            self.believed or load_profile(ctx.profile_name),
+            clock,
+            settings=settings,
+            tenants=tenants_for(ctx.tiers),
         )
         self._loop = asyncio.new_event_loop()
 
@@ -196,3 +242,14 @@ class ControllerPolicy:
         if self._loop is not None:
             self._loop.close()
             self._loop = None
+
+
+LAB_POLICIES: Mapping[str, Callable[[], LabPolicy]] = MappingProxyType(
+    {
+        "gearshift": ControllerPolicy,
+        "adaptive": AdaptiveVerificationPolicy,
+        "gearshift+adaptive": lambda: ControllerPolicy(name="gearshift+adaptive", adaptive_verification=True),
+    }
+)
+"""Policy name → a fresh instance, for the policies that need no tuning to the scenario: the controller alone,
+adaptive verification alone, and both together."""

@@ -3,10 +3,22 @@
 Definitions (all over the measured window ``[warmup_s, duration_s)`` of the scenario clock):
 
 - **throughput**: output tokens of the engine steps that ended in the window, per second (all workers);
-- **goodput**: output tokens of requests that arrived in the window, finished (possibly during the drain)
-  and met their tier's SLA (TTFT ≤ ``ttft_target_s`` and TPOT ≤ ``tpot_target_s`` where set), per second
-  of window; a tier without targets counts every finished request;
-- **TTFT / TPOT** quantiles over finished requests; **per-user speed** = 1 / TPOT (tokens/s of one stream);
+- **goodput** (DESIGN §8, honest): output tokens *delivered inside the window* (a request's tokens at the
+  window's end less its tokens at its start, from the run's boundary marks) by requests whose verdict is
+  *met*, per second of window. Tokens delivered after the window's end (in the drain) never count. The
+  verdict is taken once, at the window's end: a request finished by then met its SLA if TTFT ≤
+  ``ttft_target_s`` and TPOT ≤ ``tpot_target_s`` (where set); a request still unfinished then is judged *so
+  far*: TTFT ≤ target (a request still without its first token misses once it has waited longer than the
+  target), and its TPOT so far, (window end − first token) / (tokens so far − 1), ≤ target. So an unfinished
+  request that is on its SLA keeps its in-window tokens; one that is not counts zero. A tier without targets
+  counts every request. A phase's goodput uses the phase's bounds and the same verdict;
+- **backlog**: requests arrived and unfinished at a time; per phase and per run, at the start and the end,
+  and *growing* when the end exceeds the start by more than ``BACKLOG_SLACK`` (a share of the requests that
+  arrived in between, at least ``BACKLOG_MIN``): a policy whose backlog grows has not served its load;
+- **SLA attainment** per tier: share of the requests that arrived in the window whose verdict is met, over
+  those with a verdict (a request still waiting for its first token within its TTFT target has none yet);
+- **TTFT / TPOT** quantiles over requests that arrived in the window and finished, the drain included (a drain
+  runs for latency figures, never for credit); **per-user speed** = 1 / TPOT (tokens/s of one stream);
 - **accepted length**: output tokens per decoding request-step, over pure decode steps (no prefill) with k > 0;
 - **cost**: every worker costs ``gpus × $/GPU-hour`` for the whole window, busy or idle. The split into the
   drafter, the verification of rejected drafts, and the rest uses the engine's own per-step times:
@@ -26,10 +38,28 @@ from dataclasses import dataclass, field
 
 from bench.policy.cost_meter import ModelCost
 from bench.policy.lab import RawRun, TickSample
-from bench.policy.scenario import Scenario
+from fleet.config import TierConfig
 from fleet.perf import Profile, StepShape, load_profile, step_time
 from fleet.stats import percentile
 from workers.sim.records import RequestRecord, StepRecord
+
+BACKLOG_SLACK = 0.10
+"""A backlog grows when it rises by more than this share of the requests that arrived meanwhile …"""
+BACKLOG_MIN = 4
+"""… and by more than this many requests."""
+
+
+@dataclass(frozen=True, slots=True)
+class Backlog:
+    """Requests arrived and unfinished at the start and the end of a span, and what arrived in between."""
+
+    start: int
+    end: int
+    arrived: int
+
+    @property
+    def growing(self) -> bool:
+        return self.end - self.start > max(BACKLOG_MIN, BACKLOG_SLACK * self.arrived)
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +71,7 @@ class PhaseMetrics:
     per_user_tok_s_p50: float
     tpot_p50_s: float
     mean_decode_batch: float
+    backlog: Backlog = Backlog(0, 0, 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,9 +97,11 @@ class RunMetrics:
     throughput_tok_s: float
     goodput_tok_s: float
     sla_attainment: dict[str, float]
-    """Tier → share of its finished requests that met the SLA."""
+    """Tier → share of its requests (arrived in the window, with a verdict) that met the SLA."""
     requests_finished: int
+    """Requests that arrived in the window and finished by its end."""
     requests_unfinished: int
+    """Requests that arrived in the window and were still unfinished at its end."""
     ttft_p50_s: float
     ttft_p99_s: float
     tpot_p50_s: float
@@ -86,10 +119,12 @@ class RunMetrics:
     ticks: list[TickSample] = field(default_factory=list)
     model_cost: ModelCost | None = None
     """The same run priced by the controller's cost model (``bench.policy.cost_meter``)."""
+    backlog: Backlog = Backlog(0, 0, 0)
+    """Over the whole window."""
 
 
-def meets_sla(r: RequestRecord, scenario: Scenario) -> bool:
-    tier = scenario.tiers.get(r.tag)
+def meets_sla(r: RequestRecord, tier: TierConfig | None) -> bool:
+    """The SLA verdict of a finished request under its tier (None: no targets)."""
     if tier is None:
         return True
     if tier.ttft_target_s is not None and not r.ttft_s <= tier.ttft_target_s:
@@ -97,12 +132,63 @@ def meets_sla(r: RequestRecord, scenario: Scenario) -> bool:
     return not (tier.tpot_target_s is not None and r.output_tokens >= 2 and not r.tpot_s <= tier.tpot_target_s)
 
 
+def verdict_at(r: RequestRecord, tokens: int, t_s: float, tier: TierConfig | None) -> bool | None:
+    """Whether ``r`` is on its SLA at ``t_s`` when it had delivered ``tokens`` by then: the final verdict if it
+    finished by ``t_s``, else the verdict so far; None while it waits for its first token within its TTFT
+    target (nothing to judge yet)."""
+    if r.finished and r.finish_s <= t_s:
+        return meets_sla(r, tier)
+    if tier is None:
+        return True
+    started = r.first_token_s <= t_s
+    waited = (r.first_token_s if started else t_s) - r.arrival_s
+    if tier.ttft_target_s is not None and not waited <= tier.ttft_target_s:
+        return False
+    if not started:
+        return None if tier.ttft_target_s is not None else True
+    if tier.tpot_target_s is not None and tokens >= 2:
+        return (t_s - r.first_token_s) / (tokens - 1) <= tier.tpot_target_s
+    return True
+
+
 def _window_requests(raw: RawRun, start: float, end: float) -> list[RequestRecord]:
     return [r for r in raw.records.requests if start <= r.arrival_s < end]
 
 
-def _goodput_tokens(requests: Iterable[RequestRecord], scenario: Scenario) -> int:
-    return sum(r.output_tokens for r in requests if r.finished and meets_sla(r, scenario))
+def _tokens_at(raw: RawRun, t_s: float) -> list[int]:
+    if t_s not in raw.marks:
+        raise ValueError(f"no token marks at {t_s} s; marks at {sorted(raw.marks)}")
+    return raw.marks[t_s]
+
+
+def verdicts(raw: RawRun) -> list[bool | None]:
+    """Every request's SLA verdict at the window's end (index-aligned with ``raw.records.requests``)."""
+    sc = raw.scenario
+    end = sc.duration_s
+    at_end = _tokens_at(raw, end)
+    out: list[bool | None] = []
+    for i, r in enumerate(raw.records.requests):
+        if r.arrival_s >= end:
+            out.append(None)
+            continue
+        out.append(verdict_at(r, at_end[i] if i < len(at_end) else 0, end, sc.tiers.get(r.tag)))
+    return out
+
+
+def delivered_tokens(raw: RawRun, start: float, end: float, good: Sequence[bool | None]) -> int:
+    """Output tokens delivered in ``[start, end)`` by requests whose verdict is met."""
+    a, b = _tokens_at(raw, start), _tokens_at(raw, end)
+    return sum(n - (a[i] if i < len(a) else 0) for i, n in enumerate(b) if good[i] is True)
+
+
+def backlog(raw: RawRun, start: float, end: float) -> Backlog:
+    """Requests arrived and unfinished at ``start`` and at ``end``, and the arrivals in ``[start, end)``."""
+    reqs = raw.records.requests
+
+    def open_at(t: float) -> int:
+        return sum(1 for r in reqs if r.arrival_s < t and not (r.finished and r.finish_s <= t))
+
+    return Backlog(open_at(start), open_at(end), sum(1 for r in reqs if start <= r.arrival_s < end))
 
 
 def _step_tokens(steps: Iterable[StepRecord], start: float, end: float) -> int:
@@ -113,10 +199,11 @@ def _per_user(requests: Iterable[RequestRecord]) -> list[float]:
     return [1.0 / r.tpot_s for r in requests if r.finished and r.tpot_s > 0]
 
 
-def phase_metrics(raw: RawRun) -> list[PhaseMetrics]:
+def phase_metrics(raw: RawRun, good: Sequence[bool | None] | None = None) -> list[PhaseMetrics]:
     out = []
     sc = raw.scenario
     steps = raw.records.steps
+    good = good if good is not None else verdicts(raw)
     for phase, start, end in sc.phase_bounds():
         reqs = _window_requests(raw, start, end)
         tpots = [r.tpot_s for r in reqs if r.finished and not math.isnan(r.tpot_s)]
@@ -127,10 +214,11 @@ def phase_metrics(raw: RawRun) -> list[PhaseMetrics]:
                 name=phase.name,
                 duration_s=end - start,
                 throughput_tok_s=_step_tokens(steps, start, end) / (end - start),
-                goodput_tok_s=_goodput_tokens(reqs, sc) / (end - start),
+                goodput_tok_s=delivered_tokens(raw, start, end, good) / (end - start),
                 per_user_tok_s_p50=percentile(_per_user(reqs), 0.5),
                 tpot_p50_s=percentile(tpots, 0.5),
                 mean_decode_batch=batch,
+                backlog=backlog(raw, start, end),
             )
         )
     return out
@@ -158,7 +246,7 @@ def cost_split(raw: RawRun, profile: Profile, start: float, end: float) -> tuple
     """(USD/Mtok split, drafter share, rejected-draft share) over the window."""
     sc = raw.scenario
     steps = [s for s in raw.records.steps if start < s.end_s <= end]
-    usd_per_s = sc.gpus_per_worker * sc.usd_per_gpu_hour / 3600.0
+    usd_per_s = sc.gpus * sc.usd_per_gpu_hour / 3600.0
     worker_seconds = sc.workers * (end - start)
     busy = sum(s.duration_s for s in steps)
     drafter = sum(s.drafter_s for s in steps)
@@ -211,15 +299,18 @@ def summarise(raw: RawRun, profile: Profile | None = None) -> RunMetrics:
     profile = profile or load_profile(sc.profile)
     start, end = sc.warmup_s, sc.duration_s
     window = end - start
-    reqs = _window_requests(raw, start, end)
+    good = verdicts(raw)
+    judged = [(r, g) for r, g in zip(raw.records.requests, good, strict=True) if start <= r.arrival_s < end]
+    reqs = [r for r, _ in judged]
     finished = [r for r in reqs if r.finished]
+    in_window = sum(1 for r in finished if r.finish_s <= end)
     steps = raw.records.steps
     decode = [s for s in steps if start < s.end_s <= end and s.k > 0 and s.prefill_tokens == 0 and s.decode_seqs]
     decoding = [s for s in steps if start < s.end_s <= end and s.decode_seqs > 0]
     attainment: dict[str, float] = {}
-    for tier in sorted({r.tag for r in finished}):
-        mine = [r for r in finished if r.tag == tier]
-        attainment[tier] = sum(meets_sla(r, sc) for r in mine) / len(mine)
+    for tier in sorted({r.tag for r in reqs}):
+        mine = [g for r, g in judged if r.tag == tier and g is not None]
+        attainment[tier] = sum(mine) / len(mine) if mine else math.nan
     split, drafter_share, rejected_share = cost_split(raw, profile, start, end)
     worker_minutes = sc.workers * window / 60.0
     tpots = [r.tpot_s for r in finished if not math.isnan(r.tpot_s)]
@@ -228,10 +319,10 @@ def summarise(raw: RawRun, profile: Profile | None = None) -> RunMetrics:
         policy=raw.policy,
         window_s=window,
         throughput_tok_s=_step_tokens(steps, start, end) / window,
-        goodput_tok_s=_goodput_tokens(reqs, sc) / window,
+        goodput_tok_s=delivered_tokens(raw, start, end, good) / window,
         sla_attainment=attainment,
-        requests_finished=len(finished),
-        requests_unfinished=len(reqs) - len(finished),
+        requests_finished=in_window,
+        requests_unfinished=len(reqs) - in_window,
         ttft_p50_s=percentile([r.ttft_s for r in finished], 0.5),
         ttft_p99_s=percentile([r.ttft_s for r in finished], 0.99),
         tpot_p50_s=percentile(tpots, 0.5),
@@ -244,7 +335,8 @@ def summarise(raw: RawRun, profile: Profile | None = None) -> RunMetrics:
         rejected_share=rejected_share,
         switches_per_worker_min=_tick_k_changes(raw.ticks, start, end) / worker_minutes,
         step_k_changes_per_worker_min=_step_k_changes([s for s in steps if start < s.end_s <= end]) / worker_minutes,
-        phases=phase_metrics(raw),
+        phases=phase_metrics(raw, good),
         ticks=raw.ticks,
         model_cost=raw.model_cost,
+        backlog=backlog(raw, start, end),
     )

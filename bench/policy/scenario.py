@@ -3,8 +3,15 @@
 A scenario is a sequence of *phases*; each phase has a duration (virtual seconds), an arrival process and a
 traffic mix. A traffic class names a workload (acceptance class of the profile), an SLA tier and the request
 length distributions. Poisson rates may be given absolutely (``rate_per_s``) or as a fraction of the fleet's
-capacity (``load``), which the lab resolves with the profile's performance model, so a scenario keeps its
-meaning when the profile is recalibrated.
+capacity (``load``) for that phase's mix, prefill included: the highest request rate at which the best static
+k keeps every tier's SLA at 99 % without a growing backlog, measured by bisection in virtual time
+(``bench.policy.load``), so a scenario keeps its meaning when the profile is recalibrated or changed.
+
+A scenario runs on any profile of the family unless it names its ``profiles``; it is left out on a profile
+whose ``serving.max_model_len`` or KV cache (``hardware.kv_capacity_tokens``) is below its longest request
+(``context_tokens``). ``max_num_seqs`` and
+``gpus_per_worker`` default to the profile's recipe (``serving.max_num_seqs``, ``hardware.gpus``);
+``Scenario.on(profile)`` binds a scenario to one profile.
 
 Files are YAML; a bad file raises ``fleet.config.ConfigError`` naming the file and the field.
 """
@@ -12,6 +19,7 @@ Files are YAML; a bad file raises ``fleet.config.ConfigError`` naming the file a
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
@@ -20,6 +28,7 @@ from typing import Annotated, Any, Literal, Self
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from fleet.config import ConfigError, TierConfig, load_yaml, parse_model
+from fleet.perf import Profile
 from workers.sim.arrivals import Lengths
 
 SCENARIO_PACKAGE = "bench.policy.scenarios"
@@ -77,7 +86,7 @@ class Poisson(_Strict):
     kind: Literal["poisson"] = "poisson"
     rate_per_s: Annotated[float, Field(gt=0)] | None = None
     load: Annotated[float, Field(gt=0, le=5)] | None = None
-    """Offered load as a fraction of the fleet's capacity (best static k, full batch) for this phase's mix."""
+    """Offered load as a fraction of the fleet's capacity for this phase's mix (``bench.policy.load``)."""
 
     @model_validator(mode="after")
     def _one_of(self) -> Self:
@@ -112,9 +121,14 @@ class Scenario(_Strict):
     name: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9-]{0,47}$")]
     description: str
     profile: str = "kimi-k3-dspark-tp16"
+    """The profile it runs on (``on(profile)`` sets it for a family run)."""
+    profiles: tuple[str, ...] | None = None
+    """The profiles it is meaningful for (None: every profile whose context fits)."""
     workers: Annotated[int, Field(ge=1, le=64)] = 2
-    max_num_seqs: Annotated[int, Field(ge=1, le=4096)] = 256
-    gpus_per_worker: Annotated[int, Field(gt=0)] = 16
+    max_num_seqs: Annotated[int, Field(ge=1, le=4096)] | None = None
+    """Most sequences a worker runs at once (None: the profile's ``serving.max_num_seqs``)."""
+    gpus_per_worker: Annotated[int, Field(gt=0)] | None = None
+    """GPUs a worker is paid for (None: the profile's ``hardware.gpus``)."""
     usd_per_gpu_hour: Annotated[float, Field(ge=0)] = 3.0
     seed: int = 1
     tick_s: Annotated[float, Field(gt=0)] = 2.0
@@ -122,7 +136,10 @@ class Scenario(_Strict):
     warmup_s: Annotated[float, Field(ge=0)] = 0.0
     """Requests arriving before this time are run but left out of the metrics."""
     mixed: bool = False
-    """A mixed scenario (workloads, tiers or load change over time): the controller must beat every static k."""
+    """A mixed scenario (workloads, tiers or load change over time)."""
+    follow_oracle: bool = False
+    """The controller's settled k must follow the oracle's per phase: off where the oracle is off, on where it
+    is on (``bench.policy.targets.T_FOLLOW``)."""
     tiers: dict[str, TierConfig] = Field(
         default_factory=lambda: {
             "interactive": TierConfig(priority=0, ttft_target_s=2.0, tpot_target_s=0.05),
@@ -145,6 +162,46 @@ class Scenario(_Strict):
         if self.warmup_s >= self.duration_s:
             raise ValueError(f"warmup_s: {self.warmup_s} is not below the scenario's duration {self.duration_s}")
         return self
+
+    @property
+    def seqs(self) -> int:
+        """``max_num_seqs`` of a bound scenario (``on``)."""
+        if self.max_num_seqs is None:
+            raise ValueError(f"{self.name}: max_num_seqs is unset; bind the scenario with on(profile)")
+        return self.max_num_seqs
+
+    @property
+    def gpus(self) -> int:
+        """``gpus_per_worker`` of a bound scenario (``on``)."""
+        if self.gpus_per_worker is None:
+            raise ValueError(f"{self.name}: gpus_per_worker is unset; bind the scenario with on(profile)")
+        return self.gpus_per_worker
+
+    @property
+    def context_tokens(self) -> int:
+        """The longest request it can send (largest prompt + output bound), tokens."""
+        return max(
+            min(c.prompt_tokens.max, _far(c.prompt_tokens)) + min(c.output_tokens.max, _far(c.output_tokens))
+            for p in self.phases
+            for c in p.mix
+        )
+
+    def fits(self, profile: Profile) -> bool:
+        """Whether the scenario is meaningful on ``profile``: named by ``profiles`` (or none named) and its
+        longest request within the profile's ``serving.max_model_len`` and its KV cache."""
+        named = self.profiles is None or profile.name in self.profiles
+        room = min(profile.serving.max_model_len, int(profile.hardware.kv_capacity_tokens))
+        return named and self.context_tokens <= room
+
+    def on(self, profile: Profile) -> Scenario:
+        """This scenario bound to ``profile``: its name, and the recipe's batch limit and GPUs where unset."""
+        return self.model_copy(
+            update={
+                "profile": profile.name,
+                "max_num_seqs": self.max_num_seqs or profile.serving.max_num_seqs,
+                "gpus_per_worker": self.gpus_per_worker or profile.hardware.gpus,
+            }
+        )
 
     @property
     def duration_s(self) -> float:
@@ -170,6 +227,11 @@ class Scenario(_Strict):
         phases = tuple(p.model_copy(update={"duration_s": p.duration_s * factor}) for p in self.phases)
         update = {"phases": phases, "warmup_s": self.warmup_s * factor, "name": self.name + name_suffix}
         return self.model_copy(update=update)
+
+
+def _far(lengths: Lengths) -> int:
+    """A length the distribution exceeds with negligible probability (mean · e^(4σ)), tokens."""
+    return int(lengths.mean * math.exp(4 * lengths.sigma)) + 1
 
 
 def load_scenario(path: Path) -> Scenario:

@@ -1,4 +1,11 @@
-"""The policy comparison: every policy on every scenario, the same seeded trace for all, then the oracle.
+"""The policy comparison: every policy on every scenario on every profile of the family, the same seeded trace
+for all, then the oracle.
+
+Policies: static k ∈ ``static_ks(profile)`` (0, 1, 2, 4 and the profile's k_max, which is the recipe default:
+vLLM's recipe runs DSpark at fixed k = k_max), the two tuned tables below, and every policy of
+``bench.policy.policies.LAB_POLICIES`` (the controller, adaptive verification, …: a policy added there is run
+here without further wiring). Before the runs, every Poisson ``load`` is resolved to a rate from the fleet's
+measured capacity for that phase's mix on that profile (``bench.policy.load``).
 
 Baselines tuned offline from the shared performance model for each scenario's traffic mix:
 
@@ -16,15 +23,18 @@ import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
+from importlib import resources
 
+from bench.policy import load
 from bench.policy.capacity import MixPoint, best_k, max_batch, throughput
 from bench.policy.lab import mix_point, run_policy
-from bench.policy.policies import ControllerPolicy, LabPolicy, PhaseOracle, StaticSchedule
+from bench.policy.policies import LAB_POLICIES, LabPolicy, PhaseOracle, StaticSchedule
 from bench.policy.run_metrics import RunMetrics, summarise
 from bench.policy.scenario import Scenario
 from fleet.perf import Profile, load_profile
 
-STATIC_KS: tuple[int, ...] = (0, 1, 2, 4, 8)
+BASE_KS: tuple[int, ...] = (0, 1, 2, 4)
+"""Static k run on every profile, besides its k_max."""
 TABLE_BANDS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128)
 GATE_MIN_GAIN = 0.10
 CONTROLLER = "gearshift"
@@ -33,6 +43,18 @@ ORACLE = "oracle"
 
 def static_name(k: int) -> str:
     return f"k={k}"
+
+
+def family_profiles() -> list[str]:
+    """The names of the profiles of the family: every built-in profile (``fleet/profiles/*.yaml``)."""
+    return sorted(
+        p.name.removesuffix(".yaml") for p in resources.files("fleet.profiles").iterdir() if p.name.endswith(".yaml")
+    )
+
+
+def static_ks(profile: Profile) -> tuple[int, ...]:
+    """The static k of a profile's suite: ``BASE_KS`` and its k_max (the recipe default)."""
+    return tuple(sorted({*(k for k in BASE_KS if k < profile.drafter.k_max), profile.drafter.k_max}))
 
 
 def scenario_mix(scenario: Scenario) -> MixPoint:
@@ -54,7 +76,7 @@ def scenario_mix(scenario: Scenario) -> MixPoint:
 def vllm_table(profile: Profile, scenario: Scenario) -> StaticSchedule:
     """The best static k per batch-size band, adjacent equal bands merged (vLLM's table format)."""
     mix = scenario_mix(scenario)
-    top = scenario.max_num_seqs
+    top = scenario.seqs
     rows: list[list[int]] = []
     bands = [b for b in TABLE_BANDS if b <= top]
     for i, lo in enumerate(bands):
@@ -71,7 +93,7 @@ def vllm_table(profile: Profile, scenario: Scenario) -> StaticSchedule:
 def threshold_gate(profile: Profile, scenario: Scenario) -> StaticSchedule:
     """k_on below the threshold batch, 0 from it on."""
     mix = scenario_mix(scenario)
-    top = scenario.max_num_seqs
+    top = scenario.seqs
     k_on = best_k(profile, mix, 1)
     threshold = top + 1
     for batch in range(1, max_batch(profile, mix, top) + 1):
@@ -87,9 +109,9 @@ def threshold_gate(profile: Profile, scenario: Scenario) -> StaticSchedule:
 
 
 def baseline_policies(profile: Profile, scenario: Scenario) -> list[LabPolicy]:
-    out: list[LabPolicy] = [StaticSchedule.plain(k) for k in STATIC_KS]
-    out += [vllm_table(profile, scenario), threshold_gate(profile, scenario), ControllerPolicy(name=CONTROLLER)]
-    return out
+    out: list[LabPolicy] = [StaticSchedule.plain(k) for k in static_ks(profile)]
+    out += [vllm_table(profile, scenario), threshold_gate(profile, scenario)]
+    return out + [make() for make in LAB_POLICIES.values()]
 
 
 def oracle_ks(scenario: Scenario, statics: Sequence[RunMetrics]) -> dict[str, int]:
@@ -109,62 +131,148 @@ def _run_one(scenario: Scenario, policy: LabPolicy) -> RunMetrics:
     return summarise(run_policy(scenario, policy, profile=profile), profile)
 
 
+def _capacity(scenario: Scenario, phase_name: str) -> load.Capacity:
+    phase = next(p for p in scenario.phases if p.name == phase_name)
+    return load.capacity_for(scenario, phase, load_profile(scenario.profile))
+
+
 @dataclass
 class SuiteResult:
+    """One profile's runs."""
+
     scenarios: list[Scenario]
+    """Bound to the profile, loads resolved."""
+    profile: str = ""
+    static_ks: tuple[int, ...] = (0, 1, 2, 4, 7)
     runs: dict[tuple[str, str], RunMetrics] = field(default_factory=dict)
     """(scenario, policy) → metrics."""
     oracle_choice: dict[str, dict[str, int]] = field(default_factory=dict)
     baselines: dict[str, dict[str, str]] = field(default_factory=dict)
     """scenario → policy name → its table, for the report."""
+    capacities: dict[str, dict[str, load.Capacity]] = field(default_factory=dict)
+    """scenario → phase → the measured capacity its ``load`` refers to."""
+    skipped: list[str] = field(default_factory=list)
+    """Scenarios not meaningful on this profile (``Scenario.fits``)."""
+
+    @property
+    def recipe(self) -> str:
+        """The recipe default's policy name (static k = the profile's k_max)."""
+        return static_name(self.static_ks[-1])
 
     def policies(self) -> list[str]:
         seen: list[str] = []
         for _, p in self.runs:
             if p not in seen:
                 seen.append(p)
-        order = [static_name(k) for k in STATIC_KS] + ["vllm-table", "gate", CONTROLLER, ORACLE]
+        order = [static_name(k) for k in self.static_ks] + ["vllm-table", "gate", *LAB_POLICIES, ORACLE]
         return sorted(seen, key=lambda p: order.index(p) if p in order else len(order))
 
 
 Progress = Callable[[str], None]
 
 
-def run_suite(
-    scenarios: Sequence[Scenario], *, processes: int | None = None, progress: Progress = lambda _: None
-) -> SuiteResult:
-    """Run every policy on every scenario (``processes`` worker processes; 1 runs in this process)."""
+def run_family(
+    profiles: Sequence[Profile],
+    scenarios: Sequence[Scenario],
+    *,
+    processes: int | None = None,
+    progress: Progress = lambda _: None,
+    capacity_cache: load.CapacityCache | None = None,
+) -> dict[str, SuiteResult]:
+    """Run every policy on every scenario meaningful on each profile (``processes`` worker processes; 1 runs
+    in this process). Capacities found in ``capacity_cache`` are not measured again; new ones are added to it
+    (and saved). Returns profile name → its result."""
     processes = processes or min(2, os.cpu_count() or 1)
-    result = SuiteResult(list(scenarios))
+    results: dict[str, SuiteResult] = {}
+    bound: list[Scenario] = []
+    for profile in profiles:
+        result = SuiteResult([], profile=profile.name, static_ks=static_ks(profile))
+        for sc in scenarios:
+            if sc.fits(profile):
+                bound.append(sc.on(profile))
+            else:
+                result.skipped.append(sc.name)
+        results[profile.name] = result
+    wanted: dict[str, tuple[Scenario, str]] = {}
+    for sc in bound:
+        for phase in load.load_phases(sc):
+            wanted.setdefault(load.mix_key(sc, phase), (sc, phase.name))
+    by_key: dict[str, load.Capacity] = {}
+    if capacity_cache is not None:
+        for key, (sc, _) in wanted.items():
+            hit = capacity_cache.get(key, load_profile(sc.profile))
+            if hit is not None:
+                by_key[key] = hit
+    missing = [key for key in wanted if key not in by_key]
+    measured = _map(_capacity, [wanted[k] for k in missing], processes, lambda a: progress(f"capacity {a[0].name}"))
+    by_key.update(zip(missing, measured, strict=True))
+    if capacity_cache is not None and missing:
+        for key in missing:
+            capacity_cache.put(key, load_profile(wanted[key][0].profile), by_key[key])
+        capacity_cache.save()
     first: list[tuple[Scenario, LabPolicy]] = []
-    for sc in scenarios:
-        profile = load_profile(sc.profile)
-        policies = baseline_policies(profile, sc)
+    for raw_sc in bound:
+        result = results[raw_sc.profile]
+        sc = load.resolve(raw_sc, by_key)
+        result.scenarios.append(sc)
+        result.capacities[sc.name] = {p.name: by_key[load.mix_key(raw_sc, p)] for p in load.load_phases(raw_sc)}
+        policies = baseline_policies(load_profile(sc.profile), sc)
         result.baselines[sc.name] = {
             p.name: str([list(r) for r in p.rows]) for p in policies if isinstance(p, StaticSchedule)
         }
         first += [(sc, p) for p in policies]
-    _execute(first, result, processes, progress)
+    _execute(first, results, processes, progress)
     second: list[tuple[Scenario, LabPolicy]] = []
-    for sc in scenarios:
-        statics = [result.runs[sc.name, static_name(k)] for k in STATIC_KS]
-        choice = oracle_ks(sc, statics)
-        result.oracle_choice[sc.name] = choice
-        second.append((sc, PhaseOracle(ORACLE, choice)))
-    _execute(second, result, processes, progress)
-    return result
+    for result in results.values():
+        for sc in result.scenarios:
+            statics = [result.runs[sc.name, static_name(k)] for k in result.static_ks]
+            choice = oracle_ks(sc, statics)
+            result.oracle_choice[sc.name] = choice
+            second.append((sc, PhaseOracle(ORACLE, choice)))
+    _execute(second, results, processes, progress)
+    return results
 
 
-def _execute(jobs: list[tuple[Scenario, LabPolicy]], result: SuiteResult, processes: int, progress: Progress) -> None:
+def run_suite(
+    scenarios: Sequence[Scenario], *, processes: int | None = None, progress: Progress = lambda _: None
+) -> SuiteResult:
+    """``run_family`` on the one profile the scenarios name (their ``profile``)."""
+    names = {sc.profile for sc in scenarios}
+    if len(names) != 1:
+        raise ValueError(f"run_suite: the scenarios name {sorted(names)}; use run_family for several profiles")
+    (name,) = names
+    return run_family([load_profile(name)], scenarios, processes=processes, progress=progress)[name]
+
+
+def _map(fn: Callable[[Scenario, str], load.Capacity], args: list[tuple[Scenario, str]], processes: int,
+         done: Callable[[tuple[Scenario, str]], None]) -> list[load.Capacity]:  # fmt: skip
+    if processes <= 1:
+        out = []
+        for a in args:
+            out.append(fn(*a))
+            done(a)
+        return out
+    with ProcessPoolExecutor(max_workers=processes) as pool:
+        futures = [pool.submit(fn, *a) for a in args]
+        out = []
+        for a, fut in zip(args, futures, strict=True):
+            out.append(fut.result())
+            done(a)
+        return out
+
+
+def _execute(
+    jobs: list[tuple[Scenario, LabPolicy]], results: dict[str, SuiteResult], processes: int, progress: Progress
+) -> None:
     if processes <= 1:
         for sc, policy in jobs:
-            result.runs[sc.name, policy.name] = _run_one(sc, policy)
-            progress(f"{sc.name} · {policy.name}")
+            results[sc.profile].runs[sc.name, policy.name] = _run_one(sc, policy)
+            progress(f"{sc.profile} · {sc.name} · {policy.name}")
         return
     with ProcessPoolExecutor(max_workers=processes) as pool:
         futures: list[tuple[Scenario, LabPolicy, Future[RunMetrics]]] = [
             (sc, policy, pool.submit(_run_one, sc, policy)) for sc, policy in jobs
         ]
         for sc, policy, fut in futures:
-            result.runs[sc.name, policy.name] = fut.result()
-            progress(f"{sc.name} · {policy.name}")
+            results[sc.profile].runs[sc.name, policy.name] = fut.result()
+            progress(f"{sc.profile} · {sc.name} · {policy.name}")

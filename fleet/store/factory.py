@@ -1,4 +1,4 @@
-"""Build the ``Store`` the settings ask for: Redis when ``redis_url`` is set, else process memory."""
+"""Build the ``Store`` the settings ask for: Redis (or Redis Cluster) when ``redis_url`` is set, else process memory."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ from fleet.store.redis import RedisStore
 
 
 def build_store(settings: CommonSettings, *, clock: Clock | None = None) -> Store:
-    """A ``RedisStore`` on ``settings.redis_url`` with ``settings.key_prefix``, or a ``MemoryStore`` on ``clock``.
+    """A ``RedisStore`` on ``settings.redis_url`` with ``settings.key_prefix`` (a cluster client when
+    ``settings.redis_cluster``), or a ``MemoryStore`` on ``clock``.
 
     The caller owns the result and must ``await store.close()``. No connection is made until first use.
     """
     if settings.redis_url:
-        return RedisStore.from_url(settings.redis_url, prefix=settings.key_prefix)
+        return RedisStore.from_url(settings.redis_url, prefix=settings.key_prefix, cluster=settings.redis_cluster)
     return MemoryStore(clock=clock or SystemClock())

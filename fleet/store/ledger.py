@@ -43,21 +43,25 @@ class TenantLedger:
     """One tenant's records (sorted by time, then text, like a Redis sorted set) and roll-ups."""
 
     entries: list[tuple[float, str]] = field(default_factory=list)
+    request_ids: set[str] = field(default_factory=set)
     rollups: dict[tuple[float, int], Sums] = field(default_factory=dict)
     records_read: int = field(default=0, compare=False)
     """How many stored records have been read one by one so far (the cost a roll-up saves)."""
 
     def append(self, record: UsageRecord) -> bool:
-        """Add ``record``; False (and nothing changes) when the identical record is already there."""
-        entry = (record.at, record.model_dump_json())
-        i = bisect.bisect_left(self.entries, entry)
-        if i < len(self.entries) and self.entries[i] == entry:
+        """Add ``record``; False (and nothing changes) when a record with its request id is already there."""
+        if record.request_id in self.request_ids:
             return False
-        self.entries.insert(i, entry)
+        self.request_ids.add(record.request_id)
+        bisect.insort(self.entries, (record.at, record.model_dump_json()))
         for size in ROLLUP_SIZES_S:
             sums = self.rollups.setdefault((size, math.floor(record.at / size)), Sums())
             sums.add(1, record.prompt_tokens, record.completion_tokens, record.cost_usd)
         return True
+
+    def texts(self, since: float, until: float, limit: int) -> list[str]:
+        """The JSON text of the first ``limit`` records with ``since <= at < until``, in time order."""
+        return list(islice(self._texts(since, until), limit))
 
     def _texts(self, since: float, until: float) -> Iterator[str]:
         start = bisect.bisect_left(self.entries, (since, ""))
@@ -68,7 +72,7 @@ class TenantLedger:
             yield text
 
     def usage(self, since: float, until: float, limit: int) -> UsageTotals:
-        records = [UsageRecord.model_validate_json(t) for t in islice(self._texts(since, until), limit)]
+        records = [UsageRecord.model_validate_json(t) for t in self.texts(since, until, limit)]
         sums = Sums()
         if self.entries:
             lo, hi = max(since, self.entries[0][0]), min(until, self.entries[-1][0] + 1)

@@ -156,6 +156,13 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) 
 return 0
 """
 
+REPLICA_HEARTBEAT = """
+-- KEYS[1]: the replica registry (sorted set replica id → alive until). ARGV: now, replica id, until.
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
+redis.call('ZADD', KEYS[1], ARGV[3], ARGV[2])
+return redis.call('ZCARD', KEYS[1])
+"""
+
 _LEDGER_LIB = """
 local function fmt(x) return string.format('%.17g', x) end
 local function rollup_field(size, unit) return fmt(size) .. ':' .. string.format('%d', unit) end
@@ -164,63 +171,36 @@ local function rollup_field(size, unit) return fmt(size) .. ':' .. string.format
 APPEND_USAGE = (
     _LEDGER_LIB
     + """
--- Appends a batch of records in one round trip. KEYS: the global ledger stream, then per record the tenant's
--- index (sorted set at → record JSON) and the tenant's roll-ups (hash 'size:unit' → 'requests prompt
--- completion usd'). ARGV: the number of roll-up sizes, the sizes, then 6 per record: at, record JSON, tenant,
--- prompt, completion, cost_usd. Appending an identical record again is a no-op (no double billing).
+-- Appends one tenant's records, in order, in one round trip. KEYS: the tenant's ledger stream, index (sorted set
+-- at → record JSON), roll-ups (hash 'size:unit' → 'requests prompt completion usd') and request ids (hash id →
+-- 1). ARGV: the number of roll-up sizes, the sizes, then 7 per record: request id, at, record JSON, tenant,
+-- prompt, completion, cost_usd. A request id already in the ledger is skipped (no double billing).
 -- Returns how many records were new.
 local nsizes = tonumber(ARGV[1])
 local sizes = {}
 for i = 1, nsizes do sizes[i] = tonumber(ARGV[1 + i]) end
 local appended = 0
-local arg = 2 + nsizes
-for k = 2, #KEYS, 2 do
-  local index, rollups = KEYS[k], KEYS[k + 1]
-  if redis.call('ZADD', index, 'NX', ARGV[arg], ARGV[arg + 1]) == 1 then
+for arg = 2 + nsizes, #ARGV, 7 do
+  if redis.call('HSETNX', KEYS[4], ARGV[arg], '1') == 1 then
     appended = appended + 1
-    redis.call('XADD', KEYS[1], '*', 'tenant', ARGV[arg + 2], 'record', ARGV[arg + 1])
-    local at = tonumber(ARGV[arg])
+    redis.call('ZADD', KEYS[2], ARGV[arg + 1], ARGV[arg + 2])
+    redis.call('XADD', KEYS[1], '*', 'tenant', ARGV[arg + 3], 'record', ARGV[arg + 2])
+    local at = tonumber(ARGV[arg + 1])
     for _, size in ipairs(sizes) do
       local field = rollup_field(size, math.floor(at / size))
       local n, p, c, usd = 0, 0, 0, 0.0
-      local old = redis.call('HGET', rollups, field)
+      local old = redis.call('HGET', KEYS[3], field)
       if old then
         local a, b, d, e = string.match(old, '^(%S+) (%S+) (%S+) (%S+)$')
         n, p, c, usd = tonumber(a), tonumber(b), tonumber(d), tonumber(e)
       end
-      n, p, c = n + 1, p + tonumber(ARGV[arg + 3]), c + tonumber(ARGV[arg + 4])
-      usd = usd + tonumber(ARGV[arg + 5])
-      redis.call('HSET', rollups, field, string.format('%d %d %d ', n, p, c) .. fmt(usd))
+      n, p, c = n + 1, p + tonumber(ARGV[arg + 4]), c + tonumber(ARGV[arg + 5])
+      usd = usd + tonumber(ARGV[arg + 6])
+      redis.call('HSET', KEYS[3], field, string.format('%d %d %d ', n, p, c) .. fmt(usd))
     end
   end
-  arg = arg + 6
 end
 return appended
-"""
-)
-
-USAGE = (
-    _LEDGER_LIB
-    + """
--- KEYS: the global ledger stream, the tenant's index (sorted set at → record JSON), the tenant's roll-ups
--- (hash 'size:unit' → 'requests prompt completion usd'). ARGV: at, record JSON, tenant, prompt, completion,
--- cost_usd, then the roll-up sizes. Appending an identical record again is a no-op (no double billing).
-if redis.call('ZADD', KEYS[2], 'NX', ARGV[1], ARGV[2]) == 0 then return 0 end
-redis.call('XADD', KEYS[1], '*', 'tenant', ARGV[3], 'record', ARGV[2])
-local at = tonumber(ARGV[1])
-for i = 7, #ARGV do
-  local size = tonumber(ARGV[i])
-  local field = rollup_field(size, math.floor(at / size))
-  local n, p, c, usd = 0, 0, 0, 0.0
-  local old = redis.call('HGET', KEYS[3], field)
-  if old then
-    local a, b, d, e = string.match(old, '^(%S+) (%S+) (%S+) (%S+)$')
-    n, p, c, usd = tonumber(a), tonumber(b), tonumber(d), tonumber(e)
-  end
-  n, p, c, usd = n + 1, p + tonumber(ARGV[4]), c + tonumber(ARGV[5]), usd + tonumber(ARGV[6])
-  redis.call('HSET', KEYS[3], field, string.format('%d %d %d ', n, p, c) .. fmt(usd))
-end
-return 1
 """
 )
 

@@ -9,10 +9,13 @@ the event loop, which is what makes ``admit`` all-or-nothing here.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Sequence
+from itertools import islice
 
 from fleet.clock import Clock, SystemClock
 from fleet.store import window as win
+from fleet.store.keys import single_scope
 from fleet.store.ledger import TenantLedger
 from fleet.store.protocol import (
     Admission,
@@ -38,6 +41,7 @@ class MemoryStore:
         self._workers: dict[str, tuple[str, float]] = {}
         self._ejected: dict[str, tuple[float, str]] = {}
         self._leases: dict[str, tuple[str, float]] = {}
+        self._replicas: dict[str, float] = {}
         self._tenants: dict[str, TenantLedger] = {}
         self._keys_by_digest: dict[str, str] = {}
         self._digest_by_id: dict[str, str] = {}
@@ -45,6 +49,7 @@ class MemoryStore:
 
     # limits -------------------------------------------------------------------------------------------
     async def admit(self, limits: Sequence[Limit], *, now: float) -> Admission:
+        single_scope(lim.key for lim in limits)
         for lim in limits:
             refusal = self._check(lim, now)
             if refusal is not None:
@@ -83,6 +88,7 @@ class MemoryStore:
         spend: dict[str, float],
         now: float,
     ) -> None:
+        single_scope([*(w.key for w in windows), *(s.key for s in slots), *spend])
         for w in windows:
             buckets = self._window(w.key)
             win.prune(buckets, window_s=w.window_s, now=now)
@@ -136,6 +142,13 @@ class MemoryStore:
             return None
         return lease[0]
 
+    # gateway replica registry --------------------------------------------------------------------------
+    async def replica_heartbeat(self, replica_id: str, *, ttl_s: float, now: float) -> int:
+        self._replicas[replica_id] = now + ttl_s
+        for gone in [r for r, until in self._replicas.items() if until <= now]:
+            del self._replicas[gone]
+        return len(self._replicas)
+
     # usage ledger --------------------------------------------------------------------------------------
     async def append_usage(self, record: UsageRecord) -> None:
         self._tenants.setdefault(record.tenant, TenantLedger()).append(record)
@@ -146,6 +159,12 @@ class MemoryStore:
 
     async def usage(self, tenant: str, *, since: float, until: float, limit: int = 1000) -> UsageTotals:
         return self._tenants.get(tenant, TenantLedger()).usage(since, until, max(limit, 0))
+
+    async def ledger(self, *, since: float, until: float, limit: int = 1000) -> list[UsageRecord]:
+        limit = max(limit, 0)
+        parts = [t.texts(since, until, limit) for t in self._tenants.values()]
+        merged = heapq.merge(*parts, key=record_order)
+        return [UsageRecord.model_validate_json(text) for text in islice(merged, limit)]
 
     # API keys ------------------------------------------------------------------------------------------
     async def put_api_key(self, record: ApiKeyRecord) -> None:
@@ -168,11 +187,19 @@ class MemoryStore:
         return True
 
     # lifecycle -----------------------------------------------------------------------------------------
+    async def verify(self) -> None:
+        return None
+
     async def ping(self) -> bool:
         return True
 
     async def close(self) -> None:
         return None
+
+
+def record_order(text: str) -> tuple[float, str]:
+    """Sort key of a stored record's JSON text: its time, then the text (the order of a Redis sorted set)."""
+    return UsageRecord.model_validate_json(text).at, text
 
 
 def key_record(text: str, *, revoked: bool) -> ApiKeyRecord:

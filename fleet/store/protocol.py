@@ -1,5 +1,8 @@
 """The ``Store`` protocol: all state that gateway replicas and controllers share (DESIGN §3.3).
 
+Limit names are ``<kind>:<scope>`` (the scope is the tenant) and one ``admit`` or ``settle`` call keeps to one
+scope, so on Redis Cluster it touches one slot (``fleet.store.keys``).
+
 Two implementations with the same semantics: ``fleet.store.memory.MemoryStore`` (one process, the embedded
 mode) and ``fleet.store.redis.RedisStore`` (replicas on a real Redis). One contract test suite runs against
 both. Every method is one round trip on Redis; ``admit`` checks and reserves all of a request's limits
@@ -173,18 +176,31 @@ class Store(Protocol):
     async def release_lease(self, name: str, holder: str) -> None: ...
     async def lease_holder(self, name: str) -> str | None: ...
 
+    # gateway replica registry ---------------------------------------------------------------------------
+    async def replica_heartbeat(self, replica_id: str, *, ttl_s: float, now: float) -> int:
+        """Register ``replica_id`` as alive until ``now + ttl_s`` (Unix s) and return how many replicas are
+        alive at ``now``, this one included (each replica then enforces limit / count while the store is away)."""
+        ...
+
     # usage ledger ---------------------------------------------------------------------------------------
     async def append_usage(self, record: UsageRecord) -> None:
         """Append to the ledger (append-only) and add the record to the tenant's totals."""
         ...
 
     async def append_usage_many(self, records: Sequence[UsageRecord]) -> None:
-        """``append_usage`` for each record, in order, in one round trip (all-or-nothing on Redis)."""
+        """``append_usage`` for each record, in order. A record whose request id is already in the ledger is
+        skipped, so replaying a batch bills nothing twice. On Redis, one round trip per tenant in the batch, each
+        all-or-nothing (a tenant's ledger lives in its own cluster slot)."""
         ...
 
     async def usage(self, tenant: str, *, since: float, until: float, limit: int = 1000) -> UsageTotals:
         """A tenant's totals over every record with ``since <= at < until``, and the first ``limit`` of those
         records in time order (the totals are exact whatever ``limit`` is)."""
+        ...
+
+    async def ledger(self, *, since: float, until: float, limit: int = 1000) -> list[UsageRecord]:
+        """Fleet-wide: the first ``limit`` records of every tenant with ``since <= at < until``, in time order
+        (each tenant's ledger merged by ``at``)."""
         ...
 
     # API keys created at run time -----------------------------------------------------------------------
@@ -194,5 +210,11 @@ class Store(Protocol):
     async def revoke_api_key(self, key_id: str) -> bool: ...
 
     # lifecycle ------------------------------------------------------------------------------------------
+    async def verify(self) -> None:
+        """Raise ``fleet.store.keys.StoreMisconfigured`` when the store is not what the settings say (a Redis
+        Cluster node without ``GEARSHIFT_REDIS_CLUSTER=true``, or the reverse). Call once at start; a store that
+        cannot be reached passes (the failure mode handles outages)."""
+        ...
+
     async def ping(self) -> bool: ...
     async def close(self) -> None: ...

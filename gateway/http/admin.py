@@ -1,4 +1,5 @@
-"""The admin API (its own key): create, list and revoke tenant API keys; read any tenant's usage."""
+"""The admin API (its own key): create, list and revoke tenant API keys; read any tenant's usage; set the
+brownout switch."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from fastapi import APIRouter, Query
 from pydantic import BaseModel, ConfigDict, Field
 
 from fleet.store.protocol import ApiKeyRecord
+from gateway.brownout import Mode
+from gateway.core import Gateway
 from gateway.errors import InvalidRequest, NotFound
 from gateway.http.deps import AdminDep, GatewayDep
 from gateway.http.openapi import ERROR_RESPONSES
@@ -101,3 +104,30 @@ async def workers(_: AdminDep, gw: GatewayDep) -> dict[str, Any]:
             for v in gw.pool.views.values()
         ],
     }
+
+
+class SetBrownout(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    mode: Mode
+
+
+def _brownout(gw: Gateway) -> dict[str, Any]:
+    b = gw.overload.brownout
+    return {"mode": b.mode, "active": b.active, "auto_on": b.auto_on}
+
+
+@router.get("/brownout")
+async def get_brownout(_: AdminDep, gw: GatewayDep) -> dict[str, Any]:
+    """The brownout switch of this replica: its mode, whether it caps ``max_tokens`` now, and the automatic
+    trigger's verdict."""
+    return _brownout(gw)
+
+
+@router.put("/brownout")
+async def set_brownout(body: SetBrownout, _: AdminDep, gw: GatewayDep) -> dict[str, Any]:
+    """Set this replica's brownout mode: ``on`` caps new requests' ``max_tokens`` to their tier's
+    ``brownout_max_tokens``, ``off`` never does, ``auto`` does after sustained overload."""
+    gw.overload.brownout.mode = body.mode
+    gw.metrics.brownout.set(1.0 if gw.overload.brownout.active else 0.0)
+    return _brownout(gw)

@@ -77,7 +77,7 @@ def create_app(
     app.include_router(admin_router)
     app.include_router(ops_router)
     install_error_handlers(app)
-    install_openapi(app)
+    install_openapi(app, example_model=fleet.models[0].name if fleet.models else "model")
     return app
 
 

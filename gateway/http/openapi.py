@@ -3,7 +3,8 @@
 The completion routes are served by ``gateway.http.entry`` outside FastAPI's router and read their bodies as raw
 bytes (no per-request pydantic model), so their operations — request schemas included — are declared here for
 the document only; they cost nothing at run time. Every route documents the OpenAI error object, and the
-tenant and admin APIs their Bearer scheme.
+tenant and admin APIs their Bearer scheme. Each completion body carries an example request for the fleet's
+first model, so a client generator or a fuzzer (schemathesis) has one request that reaches a worker.
 """
 
 from __future__ import annotations
@@ -77,6 +78,13 @@ CHAT_BODY = _body(
 TEXT_BODY = _body(["model", "prompt"], {"prompt": {"type": ["string", "array"]}})
 
 
+EXAMPLES = {
+    "/v1/chat/completions": {"messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 16},
+    "/v1/completions": {"prompt": "Once upon a time", "max_tokens": 16},
+}
+"""Each completion operation's example request, less its ``model``."""
+
+
 def _completion(operation_id: str, summary: str, body: dict[str, Any]) -> dict[str, Any]:
     """A completion operation as FastAPI would document a route with ``body`` and ``ERROR_RESPONSES``."""
     error_schema = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}
@@ -96,14 +104,18 @@ COMPLETION_PATHS = {
 }
 
 
-def install_openapi(app: FastAPI) -> None:
-    """Generate the document once, adding the completion operations and the Bearer scheme to the tenant and
-    admin routes."""
+def install_openapi(app: FastAPI, *, example_model: str) -> None:
+    """Generate the document once, adding the completion operations (their examples for ``example_model``) and
+    the Bearer scheme to the tenant and admin routes."""
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
             schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
-            schema["paths"] = {**copy.deepcopy(COMPLETION_PATHS), **schema["paths"]}
+            completions = copy.deepcopy(COMPLETION_PATHS)
+            for path, example in EXAMPLES.items():
+                media = completions[path]["post"]["requestBody"]["content"]["application/json"]
+                media["example"] = {"model": example_model, **example}
+            schema["paths"] = {**completions, **schema["paths"]}
             schema.setdefault("components", {})["securitySchemes"] = {
                 "apiKey": {"type": "http", "scheme": "bearer", "description": "A tenant's API key"},
                 "adminKey": {"type": "http", "scheme": "bearer", "description": "GEARSHIFT_ADMIN_KEY"},

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from fastapi import APIRouter
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.responses import JSONResponse, Response
 
+from gateway.core import Gateway
 from gateway.http.deps import GatewayDep
 
 router = APIRouter()
@@ -16,12 +19,33 @@ async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
+_STORE_PING_S = 1.0
+"""How long ``/readyz`` waits for the shared store's PING, seconds."""
+
+
 @router.get("/readyz")
 async def readyz(gw: GatewayDep) -> Response:
-    """Ready when at least one probed-healthy, non-ejected worker serves a model."""
+    """Ready when at least one probed-healthy, non-ejected worker serves a model. The ``store`` detail says
+    whether the shared store answers; during an outage the gateway stays ready (``store_failure_mode=open``)
+    and enforces ``fail_open_share`` of each limit (1 / ``replicas``), and ``spool_bytes`` shows usage waiting
+    for the store."""
+    store = await _store_detail(gw)
     if gw.pool.ready():
-        return JSONResponse({"status": "ready"})
-    return JSONResponse({"status": "not ready", "reason": "no healthy worker"}, status_code=503)
+        return JSONResponse({"status": "ready", **store})
+    return JSONResponse({"status": "not ready", "reason": "no healthy worker", **store}, status_code=503)
+
+
+async def _store_detail(gw: Gateway) -> dict[str, object]:
+    try:
+        async with asyncio.timeout(_STORE_PING_S):
+            up = await gw.store.ping()
+    except TimeoutError:
+        up = False
+    gw.metrics.store_up.set(1 if up else 0)
+    if up:
+        return {"store": "ok"}
+    share = {"replicas": gw.replicas.count, "fail_open_share": gw.replicas.share()}
+    return {"store": "unavailable", **share, **gw.ledger.spool_detail()}
 
 
 @router.get("/metrics")

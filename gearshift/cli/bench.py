@@ -1,9 +1,13 @@
 """``gearshift bench``: the evaluation lab's two commands (issue 6).
 
-- ``gearshift bench policies``: every speculation policy on every scenario in virtual time →
-  ``docs/benchmarks/policies.md`` + PNGs.
+- ``gearshift bench policies``: every speculation policy on every scenario in virtual time, per profile
+  (``--profile NAME`` repeatable, ``--profiles all``) → ``docs/benchmarks/policies.md``, ``policies.json`` + PNGs.
 - ``gearshift bench gateway``: the gateway's cost against a fast fake upstream, side by side with a minimal
   pass-through proxy (and any ``--proxy-cmd``) → ``docs/benchmarks/gateway.md`` + PNGs.
+- ``gearshift bench overload``: TTFT per tier under overload with and without the gateway's overload control →
+  ``docs/benchmarks/overload.md``.
+- ``gearshift bench robustness``: the controller with a wrong model (the workers run a perturbed or other profile)
+  → ``docs/benchmarks/robustness.md``.
 """
 
 from __future__ import annotations
@@ -17,7 +21,6 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from gearshift.cli import soak
 
@@ -33,36 +36,58 @@ def _command_line() -> str:
 
 @bench_app.command("policies")
 def policies(
-    out: Annotated[Path, typer.Option(help="Directory for policies.md and its PNGs.")] = DEFAULT_OUT,
+    out: Annotated[Path, typer.Option(help="Directory for policies.md, policies.json and the PNGs.")] = DEFAULT_OUT,
     scenario: Annotated[list[str] | None, typer.Option(help="Only these scenarios (repeatable).")] = None,
     scenario_dir: Annotated[Path | None, typer.Option(help="Scenario YAML directory (default: built-in).")] = None,
+    profile: Annotated[
+        list[str] | None, typer.Option(help="Run on this profile (repeatable; default: each scenario's own).")
+    ] = None,
+    profiles: Annotated[str | None, typer.Option(help="'all': every profile of the family (fleet/profiles).")] = None,
     scale: Annotated[float, typer.Option(min=0.001, help="Multiply every phase's duration (smoke runs).")] = 1.0,
     processes: Annotated[int, typer.Option(min=1, help="Worker processes running policies in parallel.")] = 2,
+    remeasure: Annotated[
+        bool, typer.Option(help="Measure every capacity again instead of reading policies-capacity.json.")
+    ] = False,
 ) -> None:
-    """Compare static k, vLLM's batch-size table, a threshold gate, the controller and the oracle."""
+    """Compare static k, vLLM's batch-size table, a threshold gate, every lab policy and the oracle, per profile."""
     from bench.policy import report, targets
+    from bench.policy.load import CapacityCache
     from bench.policy.scenario import load_scenarios
-    from bench.policy.suite import STATIC_KS, run_suite
+    from bench.policy.suite import family_profiles, run_family
     from fleet.config import ConfigError
+    from fleet.perf import load_profile
 
     try:
         scenarios = load_scenarios(scenario_dir, scenario or None)
+        if profiles is not None and profiles != "all":
+            raise ConfigError(f"--profiles: only 'all' is accepted, got {profiles!r}; name one with --profile")
+        names = family_profiles() if profiles == "all" else (profile or sorted({s.profile for s in scenarios}))
+        family = [load_profile(n) for n in names]
     except ConfigError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
     if scale != 1.0:
         scenarios = [s.scaled(scale) for s in scenarios]
-    total = len(scenarios) * (len(STATIC_KS) + 4)
     console = Console(stderr=True)
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console) as bar:  # fmt: skip
-        task = bar.add_task("policy runs", total=total)
-        result = run_suite(
-            scenarios, processes=processes, progress=lambda m: bar.update(task, advance=1, description=m)
-        )
-    path = report.write(result, out, command=_command_line())
-    passed = sum(c.met for c in targets.checks(result))
-    console.print(f"wrote {path} ({passed}/{len(targets.checks(result))} target checks met)")
+    cache_path = out / "policies-capacity.json"
+    cache = CapacityCache(cache_path) if remeasure else CapacityCache.open(cache_path)
+    done = 0
+
+    def progress(message: str) -> None:
+        nonlocal done
+        done += 1
+        if console.is_terminal:
+            status.update(f"policy runs: {done} done, {message}")
+        else:
+            console.print(f"{done} {message}")
+
+    with console.status("policy runs") as status:
+        results = run_family(family, scenarios, processes=processes, progress=progress, capacity_cache=cache)
+    path = report.write(results, out, command=_command_line())
+    for name, result in results.items():
+        mine = targets.checks(result)
+        console.print(f"{name}: {sum(c.met for c in mine)}/{len(mine)} target checks met")
+    console.print(f"wrote {path}")
 
 
 @bench_app.command("gateway")
@@ -115,6 +140,53 @@ def gateway(
     for failure in result.failures:
         console.print(f"[yellow]warning:[/] {failure}")
     console.print(f"wrote {path}")
+
+
+@bench_app.command("overload")
+def overload(
+    out: Annotated[Path, typer.Option(help="Directory for overload.md.")] = DEFAULT_OUT,
+    duration: Annotated[float, typer.Option(min=1, help="Seconds of arrivals per run.")] = 30.0,
+    factor: Annotated[float, typer.Option(min=0.1, help="Offered load as a multiple of the worker's capacity.")] = 1.5,
+) -> None:
+    """TTFT p50/p99 per tier under overload, with and without the gateway's overload control."""
+    from bench.overload import OverloadBenchConfig, write
+
+    path = write(OverloadBenchConfig(duration_s=duration, overload=factor), out, command=_command_line())
+    Console(stderr=True).print(f"wrote {path}")
+
+
+@bench_app.command("robustness")
+def robustness(
+    out: Annotated[Path, typer.Option(help="Directory for robustness.md.")] = DEFAULT_OUT,
+    scenario: Annotated[
+        list[str] | None, typer.Option(help="Scenarios every cell runs (repeatable; default: phase-shift).")
+    ] = None,
+    scenario_dir: Annotated[Path | None, typer.Option(help="Scenario YAML directory (default: built-in).")] = None,
+    profile: Annotated[
+        list[str] | None, typer.Option(help="Believed profiles (repeatable; default: the whole family).")
+    ] = None,
+    scale: Annotated[float, typer.Option(min=0.001, help="Multiply every phase's duration (smoke runs).")] = 1.0,
+    processes: Annotated[int, typer.Option(min=1, help="Worker processes running cells in parallel.")] = 2,
+) -> None:
+    """Goodput lost when the controller believes one profile and the workers run another, per cell of the grid."""
+    from bench.policy import robustness as grid
+    from bench.policy.scenario import load_scenarios
+    from bench.policy.suite import family_profiles
+    from fleet.config import ConfigError
+
+    try:
+        chosen = load_scenarios(scenario_dir, scenario or ["phase-shift"])
+    except ConfigError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    if scale != 1.0:
+        chosen = [s.scaled(scale) for s in chosen]
+    cells = [c for c in grid.grid(family_profiles()) if profile is None or c.believed in profile]
+    console = Console(stderr=True)
+    with console.status("robustness cells") as status:
+        results = grid.run_grid(cells, chosen, processes=processes, progress=lambda m: status.update(f"cells: {m}"))
+    path = grid.write(results, out, command=_command_line())
+    console.print(f"{sum(r.met for r in results)}/{len(results)} cells within {grid.TARGET_LOSS:.0%}; wrote {path}")
 
 
 def register(root: typer.Typer) -> None:

@@ -9,6 +9,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from controller.full_speed import advertised_text, expected_batch_size
 from controller.loop import WorkerRuntime
 
 
@@ -37,7 +38,8 @@ def _estimate_line(rt: WorkerRuntime) -> Text:
 def candidates_table(rt: WorkerRuntime) -> Table:
     target = f"{rt.tpot_target_s * 1e3:.0f} ms" if rt.tpot_target_s is not None else "none"
     table = Table(title=f"candidates (TPOT target {target})", title_justify="left")
-    for col in ("k", "AL tok/step", "step ms", "drafter ms", "TPOT ms", "goodput tok/s", "meets target", "allowed"):
+    columns = ("k", "AL tok/step", "step ms", "drafter ms", "TPOT ms", "goodput tok/s", "meets target", "allowed")
+    for col in (*columns, "full speed"):
         table.add_column(col, justify="right")
     decision = rt.decision
     if decision is None:
@@ -47,9 +49,20 @@ def candidates_table(rt: WorkerRuntime) -> Table:
         table.add_row(
             str(c.k), f"{c.accepted_length:.2f}", f"{c.step_s * 1e3:.1f}", f"{c.drafter_s * 1e3:.2f}",
             f"{c.tpot_s * 1e3:.1f}", f"{c.goodput_tok_s:.0f}", "yes" if c.feasible else "no",
-            "yes" if c.allowed else "no", style=style,
+            "yes" if c.allowed else "no", "yes" if c.full_speed else "no", style=style,
         )  # fmt: skip
     return table
+
+
+def full_speed_line(rt: WorkerRuntime) -> Text:
+    """What the worker advertises at full speed, and the candidates that set excludes at the expected batch."""
+    line = f"full speed (advertised): {advertised_text(rt.full_speed)}"
+    decision, est = rt.decision, rt.estimate
+    if decision is not None and est is not None:
+        excluded = [c.excluded_by for c in decision.candidates if not c.full_speed]
+        batch = expected_batch_size(est.batch)
+        line += f" · excluded at batch {batch}: {'; '.join(excluded)}" if excluded else " · none excluded"
+    return Text(line)
 
 
 def _cost_line(rt: WorkerRuntime) -> Text:
@@ -57,8 +70,9 @@ def _cost_line(rt: WorkerRuntime) -> Text:
     if cost is None or cost.usd_per_mtok is None:
         return Text("cost: no output in the last window")
     k0 = cost.usd_per_mtok_k0 or 0.0
+    off = f", drafter-free: ${cost.usd_per_mtok_off:.2f}/Mtok" if cost.usd_per_mtok_off is not None else ""
     return Text(
-        f"cost ${cost.usd_per_mtok:.2f}/Mtok (at k=0: ${k0:.2f}/Mtok) · drafter {cost.drafter_share:.1%} · "
+        f"cost ${cost.usd_per_mtok:.2f}/Mtok (at k=0: ${k0:.2f}/Mtok{off}) · drafter {cost.drafter_share:.1%} · "
         f"rejected drafts {cost.rejected_share:.1%} · savings so far ${rt.savings_usd:.4f}"
     )
 
@@ -70,6 +84,6 @@ def explain(workers: Iterable[WorkerRuntime]) -> Group:
         action = rt.action
         verdict = Text(f"{action.kind.value} → k={action.k}: {action.reason}" if action else "no decision yet")
         overloaded = " [OVERLOADED]" if rt.decision is not None and rt.decision.overloaded else ""
-        body = Group(_estimate_line(rt), candidates_table(rt), _cost_line(rt), verdict)
+        body = Group(_estimate_line(rt), candidates_table(rt), full_speed_line(rt), _cost_line(rt), verdict)
         panels.append(Panel(body, title=f"{rt.config.id} ({rt.config.model}){overloaded}", title_align="left"))
     return Group(*panels)

@@ -1,7 +1,8 @@
 """``gearshift top``: a live terminal view of the fleet (rich).
 
 Per worker: model, k desired/applied, accepted length, running/waiting, KV use, output tokens/s, $/Mtok and the
-controller's last decision reason. Per tenant: requests/s and the TPOT p99 of its tier against the target.
+controller's last decision reason, cut to fit the terminal (``gearshift controller explain`` has it whole). Per
+tenant: requests/s and the TPOT p99 of its tier against the target.
 Sources: each worker's ``/metrics`` (URLs from the fleet file), the gateway's ``/metrics``, and the worker
 states the controller publishes — read from the store when ``GEARSHIFT_REDIS_URL`` is set, otherwise through
 the gateway's admin API (which serves them from the store of a ``gearshift up`` process).
@@ -17,7 +18,8 @@ from typing import Annotated, Any, Protocol
 
 import httpx
 import typer
-from rich.console import Console, Group
+from rich import box
+from rich.console import Console, ConsoleOptions, Group, JustifyMethod, RenderableType, RenderResult
 from rich.live import Live
 from rich.table import Table
 
@@ -135,34 +137,71 @@ def _k(row: WorkerRow) -> str:
     return f"{desired}/{applied}{mark}"
 
 
-def workers_table(rows: list[WorkerRow]) -> Table:
-    table = Table(title="workers", title_justify="left", expand=True)
-    for name, justify in (
-        ("worker", "left"), ("model", "left"), ("k des/app", "right"), ("acc len", "right"), ("run/wait", "right"),
-        ("KV", "right"), ("tok/s", "right"), ("$/Mtok", "right"), ("status", "left"), ("last decision", "left"),
-    ):  # fmt: skip
-        table.add_column(name, justify=justify)  # type: ignore[arg-type]
-    colours = {"ok": "green", "down": "red", "unhealthy": "red", "stale": "yellow"}
+WIDE_COLUMNS = 120
+"""Terminal width from which the last decision is a column of the workers table; a narrower terminal gets the
+decisions below the table, one line per worker. Either way a decision is cut to fit (an ellipsis marks it):
+``gearshift controller explain`` prints it whole."""
+_COLOURS = {"ok": "green", "down": "red", "unhealthy": "red", "stale": "yellow"}
+_WORKER_COLUMNS = (
+    ("worker", "left"), ("model", "left"), ("k des/app", "right"), ("acc len", "right"), ("run/wait", "right"),
+    ("KV", "right"), ("tok/s", "right"), ("$/Mtok", "right"), ("status", "left"),
+)  # fmt: skip
+
+
+def _cells(r: WorkerRow) -> list[str]:
+    return [
+        r.worker_id,
+        r.model,
+        _k(r),
+        _num(r.accepted_length, ".2f"),
+        f"{_num(r.running, '.0f')}/{_num(r.waiting, '.0f')}",
+        _num(None if r.kv_usage is None else 100 * r.kv_usage, ".0f") + ("%" if r.kv_usage is not None else ""),
+        _num(r.tokens_per_s, ",.0f"),
+        _num(r.usd_per_mtok, ".2f"),
+        f"[{_COLOURS.get(r.status, 'white')}]{r.status}[/]",
+    ]
+
+
+def workers_table(rows: list[WorkerRow], *, width: int) -> RenderableType:
+    """The workers, laid out for a terminal ``width`` columns wide; no row wraps."""
+    if width >= WIDE_COLUMNS:
+        table = Table(title="workers", title_justify="left", expand=True)
+        for name, justify in _WORKER_COLUMNS:
+            table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
+        table.add_column("last decision", no_wrap=True, overflow="ellipsis", ratio=1)
+        for r in rows:
+            table.add_row(*_cells(r), r.reason)
+        return table
+    table = Table(
+        title="workers", title_justify="left", expand=True, box=box.SIMPLE_HEAD, show_edge=False,
+        collapse_padding=True, pad_edge=False,
+    )  # fmt: skip
+    for name, justify in _WORKER_COLUMNS:
+        table.add_column(name, justify=justify, no_wrap=True, overflow="ellipsis")  # type: ignore[arg-type]
+    decisions = Table.grid(padding=(0, 2), expand=True)
+    decisions.add_column(no_wrap=True)
+    decisions.add_column(no_wrap=True, overflow="ellipsis", ratio=1)
     for r in rows:
-        table.add_row(
-            r.worker_id,
-            r.model,
-            _k(r),
-            _num(r.accepted_length, ".2f"),
-            f"{_num(r.running, '.0f')}/{_num(r.waiting, '.0f')}",
-            _num(None if r.kv_usage is None else 100 * r.kv_usage, ".0f") + ("%" if r.kv_usage is not None else ""),
-            _num(r.tokens_per_s, ",.0f"),
-            _num(r.usd_per_mtok, ".2f"),
-            f"[{colours.get(r.status, 'white')}]{r.status}[/]",
-            r.reason,
-        )
-    return table
+        table.add_row(*_cells(r))
+        decisions.add_row(r.worker_id, r.reason)
+    return Group(table, "last decisions", decisions)
+
+
+class WorkersView:
+    """The workers table, laid out when drawn, for the width the console has then (a resized terminal too)."""
+
+    def __init__(self, rows: list[WorkerRow]) -> None:
+        self.rows = rows
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        yield workers_table(self.rows, width=options.max_width)
 
 
 def tenants_table(rows: list[TenantRow]) -> Table:
     table = Table(title="tenants", title_justify="left", expand=True)
     for name in ("tenant", "tier", "req/s", "TPOT p99", "target", "SLA"):
-        table.add_column(name, justify="left" if name in ("tenant", "tier", "SLA") else "right")
+        justify: JustifyMethod = "left" if name in ("tenant", "tier", "SLA") else "right"
+        table.add_column(name, justify=justify, no_wrap=True, overflow="ellipsis")
     for r in rows:
         met = None if r.tpot_p99_s is None or r.tpot_target_s is None else r.tpot_p99_s <= r.tpot_target_s
         sla = "–" if met is None else "[green]met[/]" if met else "[red]missed[/]"
@@ -180,7 +219,7 @@ def tenants_table(rows: list[TenantRow]) -> Table:
 def render(prev: Snapshot, cur: Snapshot, fleet: FleetConfig, tenants: TenantsConfig) -> Group:
     window = cur.at_s - prev.at_s
     gateway = "gateway: unreachable" if cur.gateway is None else f"rates over the last {window:.1f} s"
-    return Group(workers_table(worker_rows(prev, cur, fleet)), tenants_table(tenant_rows(prev, cur, tenants)), gateway)
+    return Group(WorkersView(worker_rows(prev, cur, fleet)), tenants_table(tenant_rows(prev, cur, tenants)), gateway)
 
 
 # ------------------------------------------------------------------------------------------------ command
@@ -230,7 +269,7 @@ def top(
 ) -> None:
     """Live view of the fleet: per worker k, acceptance, load, cost and decisions; per tenant rate and TPOT."""
     try:
-        settings = GatewaySettings()
+        settings = GatewaySettings(allow_dev_secrets=True)  # a reader, not a server: the secrets guard is not for it
         url = gateway or f"http://{_loopback(settings.host)}:{settings.port}"
         console = Console(width=width, record=svg is not None)
         asyncio.run(run_top(settings, gateway_url=url, interval_s=interval, once=once, console=console))

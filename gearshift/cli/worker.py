@@ -21,7 +21,14 @@ from workers.vllm.cpu_server import (
     tiny_worker,
 )
 from workers.vllm.launcher import CpuOptions, Entrypoint, LaunchError, MultiNode, build_launch
-from workers.vllm.measure import format_table, process_group_rss_bytes, sweep
+from workers.vllm.measure import (
+    format_table,
+    format_tax_table,
+    k0_tax,
+    process_group_rss_bytes,
+    sweep,
+    without_speculation,
+)
 
 app = typer.Typer(help="Real vLLM workers: launch one from the fleet file, or measure the CPU worker.")
 
@@ -73,10 +80,42 @@ def measure_command(
     worker_process: Annotated[
         bool, typer.Option("--worker-process", help="Run the model in its own process (vLLM's mp executor).")
     ] = False,
+    k0_tax_only: Annotated[
+        bool,
+        typer.Option(
+            "--k0-tax",
+            help="Instead: time per token at k = 0 on a speculating worker against one started without speculation.",
+        ),
+    ] = False,
+    batch_sizes: Annotated[
+        str, typer.Option("--batch-sizes", help="Comma-separated concurrent requests, with --k0-tax.")
+    ] = "1,4,8",
+    draft_model: Annotated[
+        bool,
+        typer.Option(
+            "--draft-model",
+            help="With --k0-tax: speculate with the tiny model as its own draft model (vLLM keeps async scheduling, "
+            "as for DSpark) instead of ngram (for which vLLM turns async scheduling off).",
+        ),
+    ] = False,
 ) -> None:
-    """Start the tiny CPU worker, report start-up time and memory, then tokens per draft and tokens/s per k."""
+    """Start the tiny CPU worker, report start-up time and memory, then tokens per draft and tokens/s per k
+    (with --k0-tax: the cost of k = 0 with speculation configured, over no speculative config)."""
     root = work_dir or Path(tempfile.mkdtemp(prefix="gearshift-measure-"))
     model_dir = build_tiny_model(root / "tiny-llama")
+    if k0_tax_only:
+        sizes = [int(n) for n in batch_sizes.split(",") if n.strip()]
+        extra = {"method": "draft_model", "model": str(model_dir)} if draft_model else {}
+        _measure_k0_tax(
+            root,
+            model_dir,
+            sizes,
+            max_tokens=max_tokens,
+            rounds=rounds,
+            worker_process=worker_process,
+            spec_extra=extra,
+        )
+        return
     port = free_port()
     worker = tiny_worker(port=port, model_dir=model_dir)
     token = CommonSettings().control_token.get_secret_value()
@@ -102,6 +141,48 @@ def measure_command(
     except ServerStartError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from exc
+
+
+def _measure_k0_tax(
+    root: Path,
+    model_dir: Path,
+    batch_sizes: list[int],
+    *,
+    max_tokens: int,
+    rounds: int,
+    worker_process: bool,
+    spec_extra: dict[str, str],
+) -> None:
+    """Start a speculating and a speculation-free tiny CPU worker side by side and compare k = 0 on them."""
+    cpu = CpuOptions(in_process_worker=not worker_process)
+    spec = tiny_worker(port=free_port(), model_dir=model_dir, worker_id="tiny-spec")
+    plain = tiny_worker(port=free_port(), model_dir=model_dir, worker_id="tiny-plain")
+    spec_plan = tiny_plan(spec, cpu=cpu, speculative_extra=spec_extra)
+    plain_plan = without_speculation(tiny_plan(plain, cpu=cpu))
+    token = CommonSettings().control_token.get_secret_value()
+    typer.echo(spec_plan.shell())
+    typer.echo(plain_plan.shell())
+    try:
+        with (
+            running_server(spec_plan, url=spec.url, log_path=root / "vllm-spec.log") as spec_server,
+            running_server(plain_plan, url=plain.url, log_path=root / "vllm-plain.log") as plain_server,
+        ):
+            results = asyncio.run(
+                k0_tax(
+                    spec.url,
+                    plain.url,
+                    model=spec.model,
+                    token=token,
+                    batch_sizes=batch_sizes,
+                    max_tokens=max_tokens,
+                    rounds=rounds,
+                    pgids=(spec_server.pid, plain_server.pid),
+                )
+            )
+    except ServerStartError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    typer.echo(format_tax_table(results))
 
 
 def register(root: typer.Typer) -> None:

@@ -5,6 +5,7 @@ Timings are never asserted: the machine running the suite is not the benchmark m
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -34,50 +35,39 @@ def _assert_pngs(markdown: str, directory: Path, count: int) -> None:
 
 
 def test_bench_policies_smoke(tmp_path: Path) -> None:
+    """A family run on both profiles: one targets table per profile, policies.json, the PNGs of each."""
     result = CliRunner().invoke(
         app,
-        [
-            "bench",
-            "policies",
-            "--out",
-            str(tmp_path),
-            "--scenario",
-            "phase-shift",
-            "--scale",
-            "0.03",
-            "--processes",
-            "1",
-        ],
-    )
+        ["bench", "policies", "--out", str(tmp_path), "--scenario", "phase-shift", "--scenario",
+         "random-sweep-mi355x", "--profiles", "all", "--scale", "0.03", "--processes", "1"],
+    )  # fmt: skip
     assert result.exit_code == 0, result.output
     md = (tmp_path / "policies.md").read_text()
-    header, rows = parse_table(md, "### Goodput table")
-    assert header[0] == "scenario"
-    assert header[1:] == [
-        "k=0",
-        "k=1",
-        "k=2",
-        "k=4",
-        "k=8",
-        "vllm-table",
-        "gate",
-        "gearshift",
-        "oracle",
-    ]
-    assert [r[0] for r in rows] == ["phase-shift"]
-    header, rows = parse_table(md, "### Targets table")
-    assert header == ["target", "scenario", "figure", "status"]
-    targets = {r[0] for r in rows}
-    assert "≥ 95 % of the oracle's goodput" in targets
-    assert "< 2 k switches per worker-minute" in targets
-    assert "≥ +20 % over the best single static k (mixed)" in targets  # phase-shift is a mixed scenario
-    assert all(r[3] in ("met", "**not met**") for r in rows)
-    header, rows = parse_table(md, "### phase-shift table")
+    tp16, mi355x = "kimi-k3-dspark-tp16", "kimi-k3-dspark-mi355x-tp8"
+    header, rows = parse_table(md, f"### Goodput table — {tp16}")
+    assert header == ["scenario", "k=0", "k=1", "k=2", "k=4", "k=7", "vllm-table", "gate", "gearshift", "adaptive",
+                      "gearshift+adaptive", "oracle"]  # fmt: skip
+    assert [r[0] for r in rows] == ["phase-shift"], "the MI355X-only sweep is not run on tp16"
+    _, rows = parse_table(md, f"### Goodput table — {mi355x}")
+    assert [r[0] for r in rows] == ["phase-shift", "random-sweep-mi355x"]
+    for profile in (tp16, mi355x):
+        header, rows = parse_table(md, f"#### Targets table — {profile}")
+        assert header == ["target", "scenario", "figure", "status"]
+        assert {r[0] for r in rows} >= {"≥ 97 % of the oracle's goodput", "never > 3 % below the best static k"}
+        assert all(r[3] in ("met", "**not met**") for r in rows)
+    header, rows = parse_table(md, f"#### phase-shift table — {tp16}")
     assert header[:3] == ["policy", "goodput tok/s", "throughput tok/s"]
     model_cost = header.index("$/Mtok (cost model)")
     assert all(float(r[model_cost].replace(",", "")) > 0 for r in rows), "the controller's cost model prices every run"
-    assert len(rows) == 9
-    _assert_pngs(md, tmp_path, 4)
+    assert len(rows) == 11
+    summary = json.loads((tmp_path / "policies.json").read_text())
+    assert set(summary) == {"phase-shift", "random-sweep-mi355x"}
+    assert set(summary["random-sweep-mi355x"]) == {mi355x}
+    run = summary["phase-shift"][tp16]["gearshift"]
+    assert set(run) >= {"goodput_tok_s", "throughput_tok_s", "backlog_requests", "sla_attainment",
+                        "switches_per_worker_min"}  # fmt: skip
+    assert run["sla_attainment"].keys() == {"interactive"}
+    _assert_pngs(md, tmp_path, 8)
 
 
 @pytest.mark.redis

@@ -26,7 +26,7 @@ def _scenario(**extra: object) -> Scenario:
             ],
             **extra,
         }
-    )
+    ).on(PROFILE)
 
 
 def test_static_schedule_is_clipped_to_the_worker() -> None:
@@ -58,9 +58,9 @@ def test_the_controller_runs_in_virtual_time() -> None:
 def test_baseline_tables_are_valid_vllm_tables() -> None:
     sc = _scenario()
     for policy in (vllm_table(PROFILE, sc), threshold_gate(PROFILE, sc)):
-        schedule = policy.start_schedule(k_max=8, max_num_seqs=sc.max_num_seqs)
+        schedule = policy.start_schedule(k_max=8, max_num_seqs=sc.seqs)
         assert schedule[0][0] == 1
-        assert schedule[-1][1] == sc.max_num_seqs
+        assert schedule[-1][1] == sc.seqs
 
 
 def test_oracle_takes_the_best_static_k_per_phase() -> None:

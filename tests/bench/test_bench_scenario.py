@@ -6,17 +6,23 @@ from pathlib import Path
 
 import pytest
 
+from bench.policy import load
+from bench.policy.lab import run_policy
+from bench.policy.policies import StaticSchedule
 from bench.policy.scenario import load_scenario, load_scenarios
 from fleet.config import ConfigError
+from fleet.perf import load_profile
 from workers.sim.arrivals import Lengths
 
 BUILT_IN = {
+    "agentic-coding",
     "bursts",
     "concurrency-sweep",
     "long-context-mix",
     "mixed-tiers",
     "phase-shift",
     "poisson-load",
+    "random-sweep-mi355x",
     "step-load",
     "straddle",
 }
@@ -113,3 +119,51 @@ def test_scenario_lengths_are_the_simulators_with_the_scenario_defaults(tmp_path
     assert isinstance(cls.prompt_tokens, Lengths)
     assert (cls.prompt_tokens.sigma, cls.prompt_tokens.max) == (0.5, 1_000_000)
     assert cls.output_tokens == Lengths(mean=50, sigma=0, max=1_000_000)
+
+
+TP16, MI355X = load_profile("kimi-k3-dspark-tp16"), load_profile("kimi-k3-dspark-mi355x-tp8")
+
+
+def test_scenarios_state_the_profiles_they_fit() -> None:
+    scenarios = {s.name: s for s in load_scenarios()}
+    sweep, long_context = scenarios["random-sweep-mi355x"], scenarios["long-context-mix"]
+    assert sweep.fits(MI355X)
+    assert not sweep.fits(TP16), "named for the MI355X profile only"
+    assert long_context.fits(TP16)
+    assert long_context.context_tokens > MI355X.hardware.kv_capacity_tokens
+    assert not long_context.fits(MI355X), "400k-token prompts do not fit the MI355X recipe's KV cache"
+    assert [p.arrival.concurrency for p in sweep.phases if p.arrival.kind == "closed"] == [
+        1, 2, 4, 8, 16, 32, 64, 32, 16, 8, 4, 2, 1
+    ]  # fmt: skip
+    agentic = scenarios["agentic-coding"]
+    assert agentic.workers == 2
+    assert {c.prompt_tokens.mean for p in agentic.phases for c in p.mix} == {8192}
+    assert all(p.arrival.kind == "burst" for p in agentic.phases)
+
+
+def test_a_bound_scenario_takes_the_recipes_batch_limit_and_gpus() -> None:
+    sc = load_scenarios(names=["phase-shift"])[0]
+    with pytest.raises(ValueError, match="bind the scenario"):
+        _ = sc.seqs
+    bound = sc.on(MI355X)
+    assert (bound.profile, bound.seqs, bound.gpus) == (MI355X.name, 128, 8)
+    straddle = load_scenarios(names=["straddle"])[0].on(TP16)
+    assert straddle.seqs == 512, "a scenario's own max_num_seqs wins"
+
+
+def test_load_is_resolved_against_the_measured_capacity() -> None:
+    sc = load_scenarios(names=["poisson-load"])[0].on(TP16)
+    with pytest.raises(ValueError, match="unresolved"):
+        run_policy(sc, StaticSchedule.plain(0), profile=TP16)
+    keys = {load.mix_key(sc, p) for p in load.load_phases(sc)}
+    assert len(keys) == 1, "the four phases share one mix: one capacity search"
+    resolved = load.resolve(sc, {keys.pop(): load.Capacity(10.0, 4, 12.0, 9)})
+    rates = [p.arrival.rate_per_s for p in resolved.phases if p.arrival.kind == "poisson"]
+    assert rates == [pytest.approx(3.0), pytest.approx(6.0), pytest.approx(9.0), pytest.approx(12.0)]
+
+
+def test_a_capacity_probe_passes_below_capacity_and_fails_far_above_it() -> None:
+    sc = load_scenarios(names=["mixed-tiers"])[0].on(TP16)
+    mix = sc.phases[0].mix
+    assert load.passes(sc, mix, 0.5, 4, TP16)
+    assert not load.passes(sc, mix, 60.0, 4, TP16), "an overloaded fleet misses the SLA or grows a backlog"

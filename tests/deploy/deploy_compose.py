@@ -27,13 +27,27 @@ SERVICE_KEYS = {
     "depends_on", "healthcheck", "restart", "profiles", "deploy", "ipc", "shm_size", "networks", "labels",
     "user", "working_dir", "ulimits", "stop_grace_period", "logging",
 }  # fmt: skip
-_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?-([^}]*))?\}")
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?([-?])([^}]*))?\}")
+
+
+class MissingVariable(KeyError):
+    """A ``${VAR:?message}`` variable is unset or empty: Compose refuses to start with ``message``."""
+
+
+def _substitute(match: re.Match[str], env: Mapping[str, str]) -> str:
+    name, kind, text = match.group(1), match.group(2), match.group(3) or ""
+    if env.get(name):
+        return env[name]
+    if kind == "?":
+        raise MissingVariable(f"{name}: {text}")
+    return text
 
 
 def interpolate(value: Any, env: Mapping[str, str]) -> Any:
-    """Compose's ``${VAR}`` / ``${VAR:-default}`` interpolation, applied to every string in ``value``."""
+    """Compose's ``${VAR}`` / ``${VAR:-default}`` / ``${VAR:?message}`` interpolation, applied to every string in
+    ``value``."""
     if isinstance(value, str):
-        out = _VAR.sub(lambda m: env.get(m.group(1)) or (m.group(2) or ""), value)
+        out = _VAR.sub(lambda m: _substitute(m, env), value)
         assert "$" not in out.replace("$$", ""), f"uninterpolated variable in {value!r}"
         return out
     if isinstance(value, list):

@@ -2,16 +2,26 @@
 
 from __future__ import annotations
 
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
 import yaml
+from pydantic import ValidationError
+from pydantic_settings import BaseSettings
 from typer.testing import CliRunner
 
-from fleet.config import FleetConfig, WorkerKind, load_fleet
+from controller.settings import ControllerSettings
+from fleet.config import DEV_SECRETS, FleetConfig, WorkerKind, load_fleet
+from gateway.settings import GatewaySettings
 from workers.sim.settings import SimWorkerSettings
+from workers.vllm.settings import VllmPluginSettings
 
-from .deploy_compose import COMPOSE_DIR, SERVICE_KEYS, TOP_LEVEL, Service, load, services
+from .deploy_compose import COMPOSE_DIR, COMPOSE_FILE, SERVICE_KEYS, TOP_LEVEL, MissingVariable, Service, services
+from .deploy_compose import load as load_compose
 from .deploy_contracts import (
     bind_host,
     env_names,
@@ -25,6 +35,26 @@ from .deploy_contracts import settings_class as settings_of
 
 FLEETS = {"fleet-sim": {}, "fleet-vllm": {"GEARSHIFT_FLEET": "fleet-vllm"}}
 """Fleet file → the environment that selects it (README: GEARSHIFT_FLEET=fleet-vllm with --profile vllm)."""
+SECRET_NAMES = {"GEARSHIFT_KEY_PEPPER", "GEARSHIFT_ADMIN_KEY", "GEARSHIFT_CONTROL_TOKEN"}
+COMPOSE_ENV = Path(__file__).parents[2] / "scripts" / "compose-env.sh"
+
+
+def compose_env(path: Path) -> dict[str, str]:
+    """Run the first-run script into ``path`` and read the variables it wrote."""
+    subprocess.run(["bash", str(COMPOSE_ENV), str(path)], check=True, capture_output=True, timeout=30)
+    lines = [line for line in path.read_text().splitlines() if line and not line.startswith("#")]
+    return dict(line.split("=", 1) for line in lines)
+
+
+@pytest.fixture(scope="module")
+def dotenv(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """The ``.env`` a first run of ``scripts/compose-env.sh`` writes."""
+    return compose_env(tmp_path_factory.mktemp("compose") / ".env")
+
+
+def load(dotenv: dict[str, str], extra: dict[str, str] | None = None) -> dict[str, Any]:
+    """The compose file as Compose reads it with the generated ``.env`` (and ``extra`` variables)."""
+    return load_compose({**dotenv, **(extra or {})})
 
 
 def fleet_of(svcs: dict[str, Service]) -> FleetConfig:
@@ -42,8 +72,8 @@ def running(svcs: dict[str, Service], profile: str | None) -> dict[str, Service]
     return {n: s for n, s in svcs.items() if not s.profiles or (profile is not None and profile in s.profiles)}
 
 
-def test_compose_file_shape_and_references() -> None:
-    compose = load()
+def test_compose_file_shape_and_references(dotenv: dict[str, str]) -> None:
+    compose = load(dotenv)
     assert set(compose) <= TOP_LEVEL
     svcs = services(compose)
     roles = [n.rsplit("-", 1)[0] for n in running(svcs, None)]
@@ -72,8 +102,10 @@ def test_compose_file_shape_and_references() -> None:
 
 
 @pytest.mark.parametrize("fleet_name", FLEETS)
-def test_gearshift_services_run_real_subcommands_with_settings_the_code_reads(fleet_name: str) -> None:
-    svcs = services(load(FLEETS[fleet_name]))
+def test_gearshift_services_run_real_subcommands_with_settings_the_code_reads(
+    fleet_name: str, dotenv: dict[str, str]
+) -> None:
+    svcs = services(load(dotenv, FLEETS[fleet_name]))
     fleet = fleet_of(svcs)
     runner = CliRunner()
     from gearshift.cli.app import app
@@ -101,8 +133,8 @@ def test_gearshift_services_run_real_subcommands_with_settings_the_code_reads(fl
 
 
 @pytest.mark.parametrize("fleet_name", FLEETS)
-def test_fleet_workers_are_services_configured_like_their_fleet_entry(fleet_name: str) -> None:
-    svcs = services(load(FLEETS[fleet_name]))
+def test_fleet_workers_are_services_configured_like_their_fleet_entry(fleet_name: str, dotenv: dict[str, str]) -> None:
+    svcs = services(load(dotenv, FLEETS[fleet_name]))
     fleet = fleet_of(svcs)
     profile = "vllm" if fleet_name == "fleet-vllm" else None
     up = running(svcs, profile)
@@ -127,8 +159,8 @@ def test_fleet_workers_are_services_configured_like_their_fleet_entry(fleet_name
             assert option_values(command, args)["--worker-id"] == worker.id
 
 
-def test_prometheus_scrapes_every_gearshift_process_with_its_worker_label() -> None:
-    svcs = services(load(FLEETS["fleet-vllm"]))
+def test_prometheus_scrapes_every_gearshift_process_with_its_worker_label(dotenv: dict[str, str]) -> None:
+    svcs = services(load(dotenv, FLEETS["fleet-vllm"]))
     prometheus = svcs["prometheus"]
     config = yaml.safe_load(prometheus.host_file("/etc/prometheus/prometheus.yml").read_text())
     assert prometheus.host_file("/etc/prometheus/rules").is_dir()
@@ -156,8 +188,8 @@ def test_prometheus_scrapes_every_gearshift_process_with_its_worker_label() -> N
         assert worker_targets.get(target) == worker.id, f"{worker.id}: scraped as {worker_targets.get(target)}"
 
 
-def test_gateways_send_traces_to_the_collector_and_grafana_gets_the_dashboards() -> None:
-    svcs = services(load())
+def test_gateways_send_traces_to_the_collector_and_grafana_gets_the_dashboards(dotenv: dict[str, str]) -> None:
+    svcs = services(load(dotenv))
     collector = yaml.safe_load(svcs["otel-collector"].host_file("/etc/otelcol/config.yaml").read_text())
     http = collector["receivers"]["otlp"]["protocols"]["http"]["endpoint"]
     assert "otlp" in collector["service"]["pipelines"]["traces"]["receivers"]
@@ -173,3 +205,64 @@ def test_gateways_send_traces_to_the_collector_and_grafana_gets_the_dashboards()
     assert grafana.host_file(home).is_file()
     (source,) = yaml.safe_load((provisioning / "datasources" / "prometheus.yaml").read_text())["datasources"]
     assert urlsplit(source["url"]).hostname == "prometheus"
+
+
+# ------------------------------------------------------------------------------------------------ secrets
+def test_the_first_run_script_writes_fresh_secrets_once(tmp_path: Path, dotenv: dict[str, str]) -> None:
+    path = tmp_path / ".env"
+    first = compose_env(path)
+    assert set(first) == SECRET_NAMES
+    assert set(first.values()).isdisjoint(DEV_SECRETS.values())
+    assert all(len(value) >= 32 for value in first.values())
+    assert set(first.values()).isdisjoint(dotenv.values()), "each run draws new secrets"
+    assert path.stat().st_mode & 0o077 == 0, "the .env is readable by its owner only"
+    assert compose_env(path) == first, "a second run keeps the deployment's secrets"
+    assert (COMPOSE_DIR / ".gitignore").read_text().split() == [".env"]
+
+
+def test_compose_takes_every_secret_from_the_env_file_and_has_no_fallback(dotenv: dict[str, str]) -> None:
+    assert not any(value in COMPOSE_FILE.read_text() for value in DEV_SECRETS.values())
+    for name in SECRET_NAMES:
+        with pytest.raises(MissingVariable, match=f"{name}: run scripts/compose-env.sh first"):
+            load({k: v for k, v in dotenv.items() if k != name})
+    svcs = services(load(dotenv, FLEETS["fleet-vllm"]))
+    for svc in (s for s in svcs.values() if s.is_gearshift):
+        for name in SECRET_NAMES & set(svc.env):
+            assert svc.env[name] == dotenv[name], f"{svc.name}: {name}"
+
+
+def test_compose_services_refuse_the_development_secrets(dotenv: dict[str, str]) -> None:
+    """The guard rail: shared mode (Redis) or a public listen address with a development secret fails at start."""
+    dev = {f"GEARSHIFT_{name.upper()}": value for name, value in DEV_SECRETS.items()}
+    svcs = services(load(dev))
+    for name in ("gateway-1", "controller-1", "sim-0"):
+        process, _, _ = resolve_command(svcs[name].argv)
+        with pytest.raises(
+            ValidationError, match=r"GEARSHIFT_(KEY_PEPPER|CONTROL_TOKEN)\b.*GEARSHIFT_ALLOW_DEV_SECRETS"
+        ):
+            load_settings(process, svcs[name].env)
+        load_settings(process, {**svcs[name].env, "GEARSHIFT_ALLOW_DEV_SECRETS": "1"})
+
+
+@pytest.mark.parametrize(
+    ("cls", "exposed", "variables"),
+    [
+        (GatewaySettings, {"redis_url": "redis://r:6379/0"}, "GEARSHIFT_KEY_PEPPER, GEARSHIFT_ADMIN_KEY"),
+        (GatewaySettings, {"host": "0.0.0.0"}, "GEARSHIFT_KEY_PEPPER, GEARSHIFT_ADMIN_KEY"),
+        (ControllerSettings, {"redis_url": "redis://r:6379/0"}, "GEARSHIFT_CONTROL_TOKEN"),
+        (SimWorkerSettings, {"host": "0.0.0.0"}, "GEARSHIFT_CONTROL_TOKEN"),
+        (VllmPluginSettings, {"host": ""}, "GEARSHIFT_CONTROL_TOKEN"),
+        (VllmPluginSettings, {"redis_url": "redis://r:6379/0"}, "GEARSHIFT_CONTROL_TOKEN"),
+    ],
+)
+def test_every_process_refuses_development_secrets_outside_the_embedded_default(
+    cls: Callable[..., BaseSettings], exposed: dict[str, str], variables: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("GEARSHIFT_KEY_PEPPER", "GEARSHIFT_ADMIN_KEY", "GEARSHIFT_CONTROL_TOKEN", "GEARSHIFT_REDIS_URL"):
+        monkeypatch.delenv(name, raising=False)
+    cls()  # the embedded default: in-process store, loopback
+    with pytest.raises(ValidationError, match=f"{variables}: the development value is refused"):
+        cls(**exposed)
+    cls(**exposed, allow_dev_secrets=True)
+    names = [name.removeprefix("GEARSHIFT_").lower() for name in variables.split(", ")]
+    cls(**exposed, **{name: name[0] * 32 for name in names})  # real secrets pass

@@ -14,6 +14,7 @@ import httpx
 import pytest
 import yaml
 from prometheus_client import generate_latest
+from rich.console import Console
 
 from bench.procs import free_port
 from fleet.clock import SystemClock
@@ -24,7 +25,7 @@ from fleet.store.protocol import WorkerState
 from gateway.http.serve import GatewayServer
 from gateway.metrics import GatewayMetrics
 from gateway.settings import GatewaySettings
-from gearshift.cli.top import GatewayAdminStates, StoreStates
+from gearshift.cli.top import GatewayAdminStates, StoreStates, render
 from gearshift.cli.top_model import Snapshot, WorkerSample, histogram_quantile, parse_gateway, tenant_rows, worker_rows
 from workers.sim.server import SimServer
 from workers.sim.settings import SimWorkerSettings
@@ -189,3 +190,31 @@ async def test_top_once_draws_workers_and_tenants_of_a_running_stack(tmp_path: P
     assert float(demo[2]) > 0, text
     assert demo[4] == "50 ms"
     assert "probe: positions above k" in (tmp_path / "top.svg").read_text().replace("&#160;", " ")
+
+
+@pytest.mark.parametrize("width", [60, 80, 120, 200])
+def test_no_row_wraps_and_decisions_are_cut_to_the_terminal_width(width: int) -> None:
+    fleet = FleetConfig.model_validate(
+        {"models": [{"name": "kimi-k3"}], "workers": [{"id": "sim-0", "url": "http://a:1", "model": "kimi-k3"}]}
+    )
+    reason = "hold k=4: the gain of 3.1 % is below the 5 % threshold; TPOT 41 ms is within the 50 ms target. " * 3
+    state = WorkerState(
+        worker_id="sim-0", model="kimi-k3", k_desired=4, k_applied=2, accepted_length=2.46, reason=reason,
+        usd_per_mtok=12.34,
+    )  # fmt: skip
+    text = 'vllm:generation_tokens_total{engine="0",model_name="kimi-k3"} %d\n'
+    snap = [
+        Snapshot(t, {"sim-0": WorkerSample("sim-0", "kimi-k3", parse_worker_metrics(text % n, at_s=t), state)})
+        for t, n in ((0.0, 0), (2.0, 123_456))
+    ]
+    console = Console(width=width, record=True, color_system=None)
+    console.print(render(snap[0], snap[1], fleet, load_tenants()))
+    lines = console.export_text().splitlines()
+    assert all(len(line) <= width for line in lines)
+    (row,) = [line for line in lines if "4/2" in line]
+    assert "sim-0" in row
+    assert "ok" in row
+    (decision,) = [line for line in lines if "hold k=4" in line]
+    assert decision.rstrip(" │").endswith("…"), "a decision longer than the terminal is cut with an ellipsis"
+    continued = [line for line in lines if "threshold" in line or "TPOT 41 ms" in line]
+    assert continued in ([], [decision]), "the decision takes one line"

@@ -1,4 +1,4 @@
-"""Fixtures of the fleet tests: a ``Store`` harness parametrised over both implementations."""
+"""Fixtures of the fleet tests: a ``Store`` harness parametrised over memory, a single Redis and a Redis Cluster."""
 
 from __future__ import annotations
 
@@ -19,12 +19,34 @@ def key_prefix() -> str:
     return f"test:{uuid.uuid4().hex[:12]}:"
 
 
-@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
+REDIS_KINDS = [
+    pytest.param("redis", marks=pytest.mark.redis),
+    pytest.param("cluster", marks=[pytest.mark.redis, pytest.mark.cluster]),
+]
+"""The Redis deployments a Redis test runs against: one ``redis-server``, and a 3-master Redis Cluster."""
+
+
+async def redis_store(request: pytest.FixtureRequest, kind: str, prefix: str) -> RedisStore:
+    """A verified ``RedisStore`` on the session's single Redis (``kind`` ``redis``) or Redis Cluster (``cluster``)."""
+    if kind == "cluster":
+        store = RedisStore.from_url(request.getfixturevalue("redis_cluster_url"), prefix=prefix, cluster=True)
+    else:
+        store = RedisStore.from_url(request.getfixturevalue("redis_url"), prefix=prefix)
+    await store.verify()
+    return store
+
+
+@pytest.fixture(params=REDIS_KINDS)
+def redis_kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture(params=["memory", *REDIS_KINDS])
 async def harness(request: pytest.FixtureRequest, key_prefix: str) -> AsyncIterator[StoreHarness]:
     clock = ManualClock(T0)
     if request.param == "memory":
         store: Store = MemoryStore(clock=clock)
     else:
-        store = RedisStore.from_url(request.getfixturevalue("redis_url"), prefix=key_prefix)
+        store = await redis_store(request, request.param, key_prefix)
     yield StoreHarness(kind=request.param, store=store, clock=clock)
     await store.close()

@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 
+from fleet.store.keys import ScopeMismatch
 from fleet.store.protocol import BudgetLimit, Limit, SlotLimit, WindowLimit
 from fleet.store.window import SLOT_RETRY_AFTER_S
 from tests.fleet.store_harness import T0, StoreHarness
@@ -121,10 +122,10 @@ async def test_admit_is_all_or_nothing(harness: StoreHarness) -> None:
 async def test_tripped_names_the_first_refusing_limit(harness: StoreHarness) -> None:
     store = harness.store
     await store.settle(windows=(), slots=(), spend={"spend:t": 5.0}, now=T0)
-    assert (await store.admit([rpm(1, key="rpm:x")], now=T0)).allowed
-    limits: list[Limit] = [BudgetLimit(key="spend:t", limit_usd=5.0), rpm(1, key="rpm:x")]
+    assert (await store.admit([rpm(1, key="rpm2:t")], now=T0)).allowed
+    limits: list[Limit] = [BudgetLimit(key="spend:t", limit_usd=5.0), rpm(1, key="rpm2:t")]
     assert (await store.admit(limits, now=T0)).tripped == "spend:t"
-    assert (await store.admit(limits[::-1], now=T0)).tripped == "rpm:x"
+    assert (await store.admit(limits[::-1], now=T0)).tripped == "rpm2:t"
 
 
 async def test_slots_release_and_expire(harness: StoreHarness) -> None:
@@ -155,11 +156,21 @@ async def test_budget_refuses_once_spent(harness: StoreHarness) -> None:
 async def test_settle_does_everything_at_once(harness: StoreHarness) -> None:
     store = harness.store
     assert (await store.admit([tpm(1000), slot("a", limit=1)], now=T0)).allowed
-    await store.settle(windows=[tpm(-400, reserved_at=T0)], slots=[slot("a")], spend={"s:a": 0.5, "s:b": 2.0}, now=T0)
+    spend = {"spend:t": 0.5, "other:t": 2.0}
+    await store.settle(windows=[tpm(-400, reserved_at=T0)], slots=[slot("a")], spend=spend, now=T0)
     assert (await store.admit([tpm(400), slot("b", limit=1)], now=T0)).allowed
-    assert (await store.spent("s:a"), await store.spent("s:b")) == (0.5, 2.0)
+    assert (await store.spent("spend:t"), await store.spent("other:t")) == (0.5, 2.0)
 
 
 @pytest.mark.parametrize("limits", [[], [tpm(0)]])
 async def test_trivial_admissions(harness: StoreHarness, limits: list[WindowLimit]) -> None:
     assert (await harness.store.admit(limits, now=T0)).allowed
+
+
+async def test_a_call_keeps_to_one_scope(harness: StoreHarness) -> None:
+    """Limits of two tenants could live on two cluster nodes: both stores refuse to mix them in one call."""
+    with pytest.raises(ScopeMismatch):
+        await harness.store.admit([rpm(5, key="rpm:a"), rpm(5, key="rpm:b")], now=T0)
+    with pytest.raises(ScopeMismatch):
+        await harness.store.settle(windows=(), slots=[slot("x")], spend={"spend:other": 1.0}, now=T0)
+    assert (await harness.store.admit([rpm(1, key="rpm:a")], now=T0)).allowed  # the refused call reserved nothing

@@ -85,6 +85,14 @@ async def test_renewal_extends_the_lease(harness: StoreHarness) -> None:
     assert await store.lease_holder("ctl") == "a"
 
 
+async def test_replicas_count_themselves_until_their_heartbeat_lapses(harness: StoreHarness) -> None:
+    store = harness.store
+    assert await store.replica_heartbeat("gw-a", ttl_s=10, now=T0) == 1
+    assert await store.replica_heartbeat("gw-b", ttl_s=10, now=T0 + 1) == 2
+    assert await store.replica_heartbeat("gw-a", ttl_s=10, now=T0 + 5) == 2  # a renewal is not a new replica
+    assert await store.replica_heartbeat("gw-a", ttl_s=10, now=T0 + 12) == 1  # gw-b lapsed at T0 + 11
+
+
 async def test_ledger_totals_equal_the_appended_records(harness: StoreHarness) -> None:
     store = harness.store
     appended = [record(i) for i in range(30)] + [record(i, tenant="other") for i in range(5)]
@@ -130,6 +138,28 @@ async def test_appending_the_same_record_twice_bills_once(harness: StoreHarness)
     await store.append_usage(record(1))
     await store.append_usage(record(1).model_copy(update={"request_id": "retry-of-1"}))
     assert (await store.usage("acme", since=0, until=float("inf"))).requests == 2
+
+
+async def test_the_ledger_dedupes_by_request_id(harness: StoreHarness) -> None:
+    """A replayed record counts once even when it was rebuilt (another time, cost or status)."""
+    store = harness.store
+    await store.append_usage_many([record(1), record(2)])
+    await store.append_usage_many([record(1).model_copy(update={"at": T0 + 50, "cost_usd": 9.0}), record(3)])
+    usage = await store.usage("acme", since=0, until=float("inf"))
+    assert [r.request_id for r in usage.records] == ["req-acme-1", "req-acme-2", "req-acme-3"]
+    assert usage.cost_usd == pytest.approx(sum(record(i).cost_usd for i in (1, 2, 3)), rel=1e-12)
+
+
+async def test_the_fleet_wide_ledger_merges_tenants_by_time(harness: StoreHarness) -> None:
+    store = harness.store
+    appended = [
+        record(i, tenant=tenant, at=T0 + i + offset) for i in range(6) for tenant, offset in (("a", 0.0), ("b", 0.5))
+    ]
+    await store.append_usage_many(appended[::-1])
+    ledger = await store.ledger(since=T0 + 1, until=T0 + 5)
+    assert [(r.tenant, r.at) for r in ledger] == [(r.tenant, r.at) for r in appended if T0 + 1 <= r.at < T0 + 5]
+    assert [r.at for r in await store.ledger(since=0, until=float("inf"), limit=3)] == [T0, T0 + 0.5, T0 + 1]
+    assert await store.ledger(since=0, until=float("inf"), limit=0) == []
 
 
 async def test_api_keys_by_digest_list_and_revoke(harness: StoreHarness) -> None:

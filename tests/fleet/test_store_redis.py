@@ -1,5 +1,6 @@
-"""What only the Redis store has: replicas sharing state, key prefixing, the ledger stream, and the
-check that the Lua scripts and the Python store give bit-identical answers."""
+"""What only the Redis store has: replicas sharing state, the key layout (prefix and cluster hash tags), the
+ledger streams, the cluster-mode check at start, and the check that the Lua scripts and the Python store give
+bit-identical answers, on a single Redis and on a Redis Cluster."""
 
 from __future__ import annotations
 
@@ -10,23 +11,28 @@ from typing import cast
 
 import pytest
 from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
 
 from bench.procs import free_port
 from fleet.clock import ManualClock
 from fleet.config import CommonSettings
 from fleet.store.factory import build_store
+from fleet.store.keys import StoreMisconfigured
 from fleet.store.memory import MemoryStore
 from fleet.store.protocol import Admission, BudgetLimit, Limit, SlotLimit, UsageRecord, WindowLimit
 from fleet.store.redis import RedisStore
+from tests.fleet.conftest import redis_store
 from tests.fleet.store_harness import T0
 
 pytestmark = pytest.mark.redis
 
 
 @pytest.fixture
-async def replicas(redis_url: str, key_prefix: str) -> AsyncIterator[tuple[RedisStore, RedisStore]]:
-    a = RedisStore.from_url(redis_url, prefix=key_prefix)
-    b = RedisStore.from_url(redis_url, prefix=key_prefix)
+async def replicas(
+    request: pytest.FixtureRequest, redis_kind: str, key_prefix: str
+) -> AsyncIterator[tuple[RedisStore, RedisStore]]:
+    a = await redis_store(request, redis_kind, key_prefix)
+    b = await redis_store(request, redis_kind, key_prefix)
     yield a, b
     await a.close()
     await b.close()
@@ -55,37 +61,79 @@ async def test_two_replicas_share_leases_and_ejections(replicas: tuple[RedisStor
     assert await b.ejected(now=T0) == {"w0": T0 + 30}
 
 
-async def test_every_key_carries_the_prefix(redis_url: str, key_prefix: str) -> None:
+async def test_every_key_carries_the_prefix_and_a_hash_tag(redis_url: str, key_prefix: str) -> None:
     store = RedisStore.from_url(redis_url, prefix=key_prefix)
     probe = Redis.from_url(redis_url, decode_responses=True)
     try:
-        await store.admit([WindowLimit(key="w", cost=1, limit=5), SlotLimit(key="s", slot_id="x", limit=1)], now=T0)
-        await store.settle(windows=(), slots=(), spend={"spend": 1.0}, now=T0)
+        await store.admit([WindowLimit(key="w:t", cost=1, limit=5), SlotLimit(key="s:t", slot_id="x", limit=1)], now=T0)
+        await store.settle(windows=(), slots=(), spend={"spend:t": 1.0}, now=T0)
         await store.acquire_lease("l", "me", ttl_s=30)
         await store.eject("w0", until=T0 + 5, reason="r")
         await store.append_usage(_record())
-        keys = [k async for k in probe.scan_iter(match="*")]
-        mine = [k for k in keys if k.startswith(key_prefix)]
-        assert len(mine) >= 8
-        assert f"{key_prefix}usage" in mine
-        assert not [k for k in keys if k.startswith(("w", "s", "spend", "lease", "ejected", "usage"))]
+        keys = {k async for k in probe.scan_iter(match="*")}
+        mine = {k for k in keys if k.startswith(key_prefix)}
+        tagged = {f"{key_prefix}{{t:t}}:limit:{kind}" for kind in ("w", "s", "spend")}
+        tagged |= {f"{key_prefix}{{t:t}}:ledger:{part}" for part in ("stream", "index", "rollup", "ids")}
+        tagged |= {f"{key_prefix}{{lease:l}}", f"{key_prefix}{{ejected}}:until", f"{key_prefix}{{ledger}}:tenants"}
+        assert tagged <= mine
+        assert not [k for k in keys if k.startswith(("w", "s", "spend", "lease", "ejected", "usage", "{"))]
     finally:
         await store.close()
         await probe.aclose()
 
 
-async def test_ledger_stream_holds_one_entry_per_record(redis_url: str, key_prefix: str) -> None:
-    client = Redis.from_url(redis_url, decode_responses=True)
-    store = RedisStore(client, prefix=key_prefix)
+async def test_ledger_stream_holds_one_entry_per_request(
+    request: pytest.FixtureRequest, redis_kind: str, key_prefix: str
+) -> None:
+    store = await redis_store(request, redis_kind, key_prefix)
+    url = request.getfixturevalue("redis_cluster_url" if redis_kind == "cluster" else "redis_url")
+    client: Redis | RedisCluster = (
+        RedisCluster.from_url(url, decode_responses=True)
+        if redis_kind == "cluster"
+        else Redis.from_url(url, decode_responses=True)
+    )
     try:
         for i in range(3):
             await store.append_usage(_record(i))
-        await store.append_usage(_record(0))  # a retried append is not billed twice
-        entries = cast(list[tuple[str, dict[str, str]]], await client.xrange(f"{key_prefix}usage"))
+        await store.append_usage(_record(0).model_copy(update={"at": T0 + 9}))  # a rebuilt retry is not billed twice
+        stream = f"{key_prefix}{{t:t}}:ledger:stream"
+        entries = cast(list[tuple[str, dict[str, str]]], await client.xrange(stream))
         ids = [UsageRecord.model_validate_json(fields["record"]).request_id for _, fields in entries]
         assert ids == ["r0", "r1", "r2"]
     finally:
         await store.close()
+        await client.aclose()
+
+
+async def test_a_cluster_node_without_cluster_mode_is_refused(redis_cluster_url: str) -> None:
+    store = RedisStore.from_url(redis_cluster_url)
+    try:
+        with pytest.raises(StoreMisconfigured, match="GEARSHIFT_REDIS_CLUSTER=true"):
+            await store.verify()
+    finally:
+        await store.close()
+
+
+async def test_cluster_mode_on_a_plain_redis_is_refused(redis_url: str) -> None:
+    store = RedisStore.from_url(redis_url, cluster=True)
+    try:
+        with pytest.raises(StoreMisconfigured, match="unset GEARSHIFT_REDIS_CLUSTER"):
+            await store.verify()
+    finally:
+        await store.close()
+
+
+async def test_matching_modes_and_an_unreachable_store_pass_the_check(
+    request: pytest.FixtureRequest, redis_kind: str
+) -> None:
+    for store in (
+        await redis_store(request, redis_kind, "verify:"),
+        RedisStore.from_url(f"redis://127.0.0.1:{free_port()}/0", wait_s=1.0),
+    ):
+        try:
+            await store.verify()
+        finally:
+            await store.close()
 
 
 def _record(i: int = 0) -> UsageRecord:
@@ -148,13 +196,15 @@ async def _scripted_run(store: MemoryStore | RedisStore, seed: int) -> list[Admi
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
-async def test_memory_and_redis_agree_exactly(redis_url: str, key_prefix: str, seed: int) -> None:
-    redis_store = RedisStore.from_url(redis_url, prefix=key_prefix)
+async def test_memory_and_redis_agree_exactly(
+    request: pytest.FixtureRequest, redis_kind: str, key_prefix: str, seed: int
+) -> None:
+    shared = await redis_store(request, redis_kind, key_prefix)
     try:
         expected = await _scripted_run(MemoryStore(clock=ManualClock(T0)), seed)
-        actual = await _scripted_run(redis_store, seed)
+        actual = await _scripted_run(shared, seed)
     finally:
-        await redis_store.close()
+        await shared.close()
     refusals = [a for a in expected if isinstance(a, Admission) and not a.allowed]
     assert {a.tripped for a in refusals} >= {"tpm", "rps", "conc"}  # the run exercised every limit kind
     assert actual == expected
@@ -168,25 +218,35 @@ async def test_ping_is_false_when_redis_is_unreachable() -> None:
         await store.close()
 
 
-async def test_factory_builds_the_store_the_settings_ask_for(redis_url: str) -> None:
+async def test_factory_builds_the_store_the_settings_ask_for(redis_url: str, redis_cluster_url: str) -> None:
     memory = build_store(CommonSettings(redis_url=None))
     shared = build_store(CommonSettings(redis_url=redis_url, key_prefix="factory:"))
+    clustered = build_store(CommonSettings(redis_url=redis_cluster_url, redis_cluster=True, key_prefix="factory:"))
     try:
         assert isinstance(memory, MemoryStore)
         assert isinstance(shared, RedisStore)
+        assert not shared.cluster
+        assert isinstance(clustered, RedisStore)
+        assert clustered.cluster
         assert await shared.acquire_lease("factory-test", "me", ttl_s=30)
         probe = Redis.from_url(redis_url, decode_responses=True)
         try:
-            assert await probe.get("factory:lease:factory-test") == "me"
+            assert await probe.get("factory:{lease:factory-test}") == "me"
         finally:
             await probe.aclose()
         await shared.release_lease("factory-test", "me")
+        assert await clustered.acquire_lease("factory-test", "you", ttl_s=30)
+        assert await clustered.lease_holder("factory-test") == "you"
+        await clustered.release_lease("factory-test", "you")
     finally:
         await memory.close()
         await shared.close()
+        await clustered.close()
 
 
-async def test_memory_and_redis_ledgers_agree_exactly(redis_url: str, key_prefix: str) -> None:
+async def test_memory_and_redis_ledgers_agree_exactly(
+    request: pytest.FixtureRequest, redis_kind: str, key_prefix: str
+) -> None:
     rng = random.Random(7)
     records = [
         UsageRecord(
@@ -204,7 +264,7 @@ async def test_memory_and_redis_ledgers_agree_exactly(redis_url: str, key_prefix
     ]
     ranges = [(T0 + rng.uniform(0, 86_400), T0 + rng.uniform(86_400, 2 * 86_400)) for _ in range(20)]
     ranges += [(0.0, float("inf")), (T0 + 600.5, T0 + 600.75)]
-    memory, shared = MemoryStore(clock=ManualClock(T0)), RedisStore.from_url(redis_url, prefix=key_prefix)
+    memory, shared = MemoryStore(clock=ManualClock(T0)), await redis_store(request, redis_kind, key_prefix)
     try:
         for r in records:
             await memory.append_usage(r)
@@ -213,6 +273,9 @@ async def test_memory_and_redis_ledgers_agree_exactly(redis_url: str, key_prefix
             for tenant in ("a", "b"):
                 expected = await memory.usage(tenant, since=since, until=until, limit=5)
                 assert await shared.usage(tenant, since=since, until=until, limit=5) == expected
+        assert await shared.ledger(since=T0, until=T0 + 86_400, limit=50) == await memory.ledger(
+            since=T0, until=T0 + 86_400, limit=50
+        )
         whole = await shared.usage("a", since=0.0, until=float("inf"), limit=0)
         assert whole.requests == sum(r.tenant == "a" for r in records)
     finally:

@@ -45,7 +45,9 @@ class Mode(StrEnum):
 class FakeUpstream:
     mode: Mode = Mode.OK
     chunks: int = 8
-    """Completion tokens per response (one per chunk), fewer when ``max_tokens`` is lower (like an early EOS)."""
+    """Completion tokens per response, fewer when ``max_tokens`` is lower (like an early EOS)."""
+    tokens_per_chunk: int = 1
+    """Tokens per stream chunk (vLLM sends one engine step's tokens, up to k + 1, in one chunk)."""
     delay_s: float = 0.0
     """Pause between stream chunks, seconds."""
     die_after: int = 2
@@ -128,24 +130,37 @@ class FakeUpstream:
             },
         }
 
-    def _chunk(self, body: dict[str, Any], *, chat: bool, delta: dict[str, Any] | None, text: str = "") -> bytes:
+    def _chunk(
+        self,
+        body: dict[str, Any],
+        *,
+        chat: bool,
+        delta: dict[str, Any] | None,
+        text: str = "",
+        usage: dict[str, int] | None = None,
+    ) -> bytes:
         choice = {"index": 0, "delta": delta, "finish_reason": None} if chat else {"index": 0, "text": text}
-        obj = {
+        obj: dict[str, Any] = {
             "id": "cmpl-fake",
             "object": "chat.completion.chunk" if chat else "text_completion",
             "created": 0,
             "model": body.get("model"),
             "choices": [choice],
         }
+        if usage is not None:
+            obj["usage"] = {**usage, "total_tokens": usage["prompt_tokens"] + usage["completion_tokens"]}
         return b"data: " + orjson.dumps(obj) + b"\n\n"
 
     async def _stream(self, request: web.Request, body: dict[str, Any], *, chat: bool, n: int) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
         await resp.prepare(request)
+        options = body.get("stream_options") or {}
+        running = options.get("include_usage") and options.get("continuous_usage_stats")
         try:
             if chat:
                 await resp.write(self._chunk(body, chat=True, delta={"role": "assistant", "content": ""}))
-            for i in range(n):
+            steps = [min(self.tokens_per_chunk, n - sent) for sent in range(0, n, self.tokens_per_chunk)]
+            for i, tokens in enumerate(steps):
                 if self.mode is Mode.DIE_MID_STREAM and i == self.die_after:
                     return self._drop(request)
                 if self.mode is Mode.TRUNCATE and i == self.die_after:
@@ -153,7 +168,10 @@ class FakeUpstream:
                     return resp
                 if self.delay_s:
                     await asyncio.sleep(self.delay_s)
-                await resp.write(self._chunk(body, chat=chat, delta={"content": "tok "}, text="tok "))
+                done = sum(steps[: i + 1])
+                usage = {"prompt_tokens": self.prompt_tokens, "completion_tokens": done} if running else None
+                text = "tok " * tokens
+                await resp.write(self._chunk(body, chat=chat, delta={"content": text}, text=text, usage=usage))
             if (body.get("stream_options") or {}).get("include_usage"):
                 usage = {
                     "prompt_tokens": self.prompt_tokens,

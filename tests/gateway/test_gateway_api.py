@@ -63,7 +63,7 @@ async def test_stream_forces_usage_upstream_and_strips_it_when_not_asked(upstrea
         chunks = [orjson.loads(e) for e in events[:-1]]
         assert all("usage" not in ch for ch in chunks)
         assert "".join(ch["choices"][0]["delta"].get("content", "") for ch in chunks) == "tok " * 5
-        assert w.bodies[-1]["stream_options"] == {"include_usage": True}
+        assert w.bodies[-1]["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
         assert w.bodies[-1]["priority"] == 10  # the batch tier's priority
         await g.gw.ledger.idle()
         usage = (await c.get("/v1/usage")).json()
@@ -82,7 +82,8 @@ async def test_stream_keeps_usage_chunk_when_asked(upstreams: StartUpstreams) ->
         last = orjson.loads(events[-2])
         assert last["choices"] == []
         assert last["usage"]["completion_tokens"] == 5
-        assert w.bodies[-1]["stream_options"] == {"include_usage": True, "continuous_usage_stats": False}
+        assert all("usage" not in orjson.loads(e) for e in events[:-2]), "the client asked for no per-chunk usage"
+        assert w.bodies[-1]["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
 
 
 async def test_text_completions_stream_and_not(upstreams: StartUpstreams) -> None:

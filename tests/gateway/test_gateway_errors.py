@@ -8,6 +8,8 @@ from typing import Any
 import httpx
 import orjson
 import pytest
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
 from prometheus_client.parser import text_string_to_metric_families
 
 from .harness import MODEL, Mode, StartUpstreams, eventually, make_fleet, make_tenants, serve_gateway
@@ -231,9 +233,12 @@ def _stream_error(text: str) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("mode", [Mode.DIE_MID_STREAM, Mode.TRUNCATE])
-async def test_failure_mid_stream_ends_with_error_event_and_done(upstreams: StartUpstreams, mode: Mode) -> None:
+async def test_failure_mid_stream_ends_with_error_event_and_done(
+    upstreams: StartUpstreams, mode: Mode, caplog: pytest.LogCaptureFixture
+) -> None:
     (w,) = await upstreams(1, mode=mode, die_after=2, chunks=6)
-    async with serve_gateway(make_fleet([w.url]), make_tenants()) as g, g.client() as c:
+    spans = InMemorySpanExporter()
+    async with serve_gateway(make_fleet([w.url]), make_tenants(), span_exporter=spans) as g, g.client() as c:
         r = await c.post("/v1/chat/completions", json={**CHAT, "max_tokens": 6, "stream": True})
         assert r.status_code == 200
         events = [e.removeprefix("data: ") for e in r.text.strip().split("\n\n")]
@@ -241,10 +246,69 @@ async def test_failure_mid_stream_ends_with_error_event_and_done(upstreams: Star
         assert contents == ["", "tok ", "tok "]
         err = _stream_error(r.text)
         assert err["type"] == "api_error"
+        request_id = r.headers["x-request-id"]
+        assert err["message"] == f"The upstream worker failed while streaming; request id {request_id}."
         assert len(w.bodies) == 1  # never retried after the first byte
         await g.gw.ledger.idle()
         assert [rec.status for rec in (await g.store.usage("alpha", since=0, until=1e12)).records] == ["error"]
         assert _error_counts((await c.get("/metrics")).text) == {"api_error": 1.0}
+    logged = [rec.getMessage() for rec in caplog.records if request_id in rec.getMessage()]
+    assert logged, "the failure is logged under the request id"
+    assert "worker w0" in logged[0], "the log names the worker the client is not told"
+    (server,) = [s for s in spans.get_finished_spans() if s.kind is SpanKind.SERVER]
+    assert "worker w0" in (server.status.description or "")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_worker_failures_before_the_answer_do_not_name_the_worker(
+    upstreams: StartUpstreams, caplog: pytest.LogCaptureFixture, stream: bool
+) -> None:
+    (w,) = await upstreams(1, mode=Mode.HTTP_500)
+    settings: dict[str, Any] = {"max_retries": 0, "first_byte_timeout_s": 0.5, "request_timeout_s": 0.5}
+    async with serve_gateway(make_fleet([w.url]), make_tenants(), **settings) as g, g.client() as c:
+        r = await c.post("/v1/chat/completions", json={**CHAT, "stream": stream})
+        err = error_of(r, 502, "api_error")
+        assert err["message"] == f"The upstream worker failed; request id {r.headers['x-request-id']}."
+        w.mode = Mode.HANG
+        r = await c.post("/v1/chat/completions", json={**CHAT, "stream": stream})
+    err = error_of(r, 504, "api_error")
+    assert err["message"] == f"The upstream worker did not answer within 0.5 s; request id {r.headers['x-request-id']}."
+    assert any("worker w0 answered 500: " in rec.getMessage() and "engine crashed" in rec.getMessage()
+               for rec in caplog.records)  # fmt: skip
+
+
+async def test_a_stream_cut_short_is_metered_in_tokens_not_chunks(upstreams: StartUpstreams) -> None:
+    """Each chunk carries up to k + 1 tokens; the running usage the gateway asks for counts them."""
+    (w,) = await upstreams(1, mode=Mode.DIE_MID_STREAM, die_after=3, chunks=20, tokens_per_chunk=4)
+    async with serve_gateway(make_fleet([w.url]), make_tenants()) as g, g.client() as c:
+        r = await c.post("/v1/chat/completions", json={**CHAT, "max_tokens": 20, "stream": True})
+        assert _stream_error(r.text)["code"] == "upstream_failed"
+        assert '"usage"' not in r.text, "the per-chunk usage the gateway asked for is not the client's"
+        assert w.bodies[0]["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
+        await g.gw.ledger.idle()
+        (record,) = (await g.store.usage("alpha", since=0, until=1e12)).records
+    assert (record.prompt_tokens, record.completion_tokens) == (7, 12)
+
+
+@pytest.mark.parametrize(
+    ("options", "chunk_usage", "final_usage"),
+    [
+        ({"include_usage": True}, False, True),
+        ({"include_usage": True, "continuous_usage_stats": True}, True, True),
+        ({"continuous_usage_stats": True}, False, False),  # vLLM: continuous stats only with include_usage
+    ],
+)
+async def test_the_client_gets_the_usage_it_asked_for(
+    upstreams: StartUpstreams, options: dict[str, bool], chunk_usage: bool, final_usage: bool
+) -> None:
+    (w,) = await upstreams(1, chunks=8, tokens_per_chunk=3)
+    async with serve_gateway(make_fleet([w.url]), make_tenants()) as g, g.client() as c:
+        body = {**CHAT, "max_tokens": 8, "stream": True, "stream_options": options}
+        r = await c.post("/v1/chat/completions", json=body)
+    events = [orjson.loads(e.removeprefix("data: ")) for e in r.text.strip().split("\n\n")[:-1]]
+    chunks = [e for e in events if e["choices"]]
+    assert all(("usage" in e) is chunk_usage for e in chunks[1:])
+    assert [e["usage"]["completion_tokens"] for e in events if not e["choices"]] == ([8] if final_usage else [])
 
 
 async def test_idle_stream_times_out_with_error_event(upstreams: StartUpstreams) -> None:

@@ -6,7 +6,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
+import httpx
+import jsonschema_rs
 import openai
 import pytest
 import yaml
@@ -145,3 +148,70 @@ async def test_up_prints_a_snippet_that_works_as_pasted(tmp_path: Path, monkeypa
         await paste_snippet()
         await runner
     assert "".join(printed).strip()
+
+
+async def test_models_retrieve_serves_only_the_models_a_tenant_may_use(gateway: RunningGateway) -> None:
+    async with async_client(gateway) as client:
+        model = await client.models.retrieve(MODEL)
+        assert (model.id, model.object, model.owned_by) == (MODEL, "model", "gearshift")
+        assert model.model_dump() == (await client.models.list()).data[0].model_dump()
+        with pytest.raises(openai.NotFoundError) as missing:
+            await client.models.retrieve("no-such-model")
+    async with async_client(gateway, "gamma") as client:
+        with pytest.raises(openai.NotFoundError) as hidden:
+            await client.models.retrieve(MODEL)
+    for error in (missing.value, hidden.value):
+        body = error.response.json()
+        await _conforms(gateway, body)
+        assert {k: v for k, v in body["error"].items() if k != "message"} == {
+            "type": "invalid_request_error", "param": "model", "code": "model_not_found",
+        }  # fmt: skip
+    assert "/v1/models/{model}" in (await _openapi(gateway))["paths"]
+
+
+WORKER_400S = [
+    ("/v1/chat/completions", {"model": MODEL, "messages": [{}]}, "messages"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": MESSAGES, "stream_options": {}}, "stream_options"),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "stream_options": {"include_usage": True}}, "stream_options"),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "param"), WORKER_400S)
+async def test_a_workers_error_takes_the_gateways_error_shape(
+    gateway: RunningGateway, path: str, body: dict[str, object], param: str
+) -> None:
+    sim = gateway.gw.fleet.workers[0].url
+    async with httpx.AsyncClient() as direct, gateway.client() as c:
+        worker = (await direct.post(sim + path, json=body)).json()["error"]
+        r = await c.post(path, json=body)
+    assert worker["code"] == 400, "the simulator answers like vLLM: an integer code"
+    assert r.status_code == 400
+    await _conforms(gateway, r.json())
+    error = r.json()["error"]
+    assert error["message"] == worker["message"]
+    assert error["type"] == "invalid_request_error"
+    assert error["code"] is None
+    assert error["param"] is None or error["param"].startswith(param)
+
+
+async def _openapi(g: RunningGateway) -> dict[str, Any]:
+    async with g.client(None) as c:
+        return dict((await c.get("/openapi.json")).json())
+
+
+async def _conforms(g: RunningGateway, body: dict[str, Any]) -> None:
+    """``body`` is valid under the gateway's own OpenAPI ``ErrorBody`` schema."""
+    document = await _openapi(g)
+    schema = {"$ref": "#/components/schemas/ErrorBody", "components": document["components"]}
+    jsonschema_rs.validate(schema, body)
+
+
+async def test_the_openapi_examples_are_requests_that_succeed(gateway: RunningGateway) -> None:
+    """A client generator or fuzzer reading the document has one request per completion operation that works."""
+    paths = (await _openapi(gateway))["paths"]
+    async with gateway.client() as c:
+        for path in ("/v1/chat/completions", "/v1/completions"):
+            example = paths[path]["post"]["requestBody"]["content"]["application/json"]["example"]
+            assert example["model"] == MODEL
+            r = await c.post(path, json=example)
+            assert r.status_code == 200, r.text

@@ -24,6 +24,8 @@ from gateway.errors import (
     RateLimited,
     StoreUnavailable,
     UpstreamFailed,
+    from_worker,
+    render,
 )
 from gateway.metering import LedgerWriter, request_cost
 from gateway.metrics import GatewayMetrics
@@ -103,9 +105,65 @@ def test_stream_meter_output_does_not_depend_on_chunking(cuts: list[int]) -> Non
     assert stripped.done
     assert stripped.usage is not None
     assert (stripped.usage.prompt_tokens, stripped.usage.completion_tokens) == (3, 4)
-    assert stripped.token_events == 4
+    assert (stripped.chunk_events, stripped.completion_tokens) == (4, 4)
     kept = StreamMeter(strip_usage=False)
     assert _run(kept, parts) == STREAM[: STREAM.index(b"data: [DONE]")]
+
+
+def _running(index: int, content: str, completion_tokens: int) -> bytes:
+    """A chunk with vLLM's ``continuous_usage_stats``: its choice's running completion tokens."""
+    usage = {"prompt_tokens": 5, "completion_tokens": completion_tokens, "total_tokens": 5 + completion_tokens}
+    obj = {"id": "c", "choices": [{"index": index, "delta": {"content": content}}], "usage": usage}
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+def test_stream_meter_counts_tokens_from_the_running_usage_of_each_choice() -> None:
+    """Chunks carry several tokens (one engine step each); a stream cut short is counted in tokens."""
+    meter = StreamMeter(strip_usage=True)
+    out = meter.feed(_running(0, "", 0) + _running(0, "abc", 3) + _running(1, "de", 2), 1.0)
+    out += meter.feed(_running(0, "fghij", 8), 2.0)
+    assert (meter.chunk_events, meter.completion_tokens, meter.prompt_tokens) == (4, 8 + 2, 5)
+    assert b"usage" not in out
+    assert [orjson.loads(e[6:])["choices"][0]["delta"]["content"] for e in out.split(b"\n\n")[:-1]] == [
+        "", "abc", "de", "fghij",
+    ]  # fmt: skip
+    kept = StreamMeter(strip_usage=False, strip_chunk_usage=False)
+    assert kept.feed(_running(0, "abc", 3), 1.0) == _running(0, "abc", 3)
+
+
+def test_a_workers_in_band_error_event_takes_the_gateways_shape() -> None:
+    event = b'data: {"error": {"message": "engine died", "type": "InternalServerError", "param": null, "code": 500}}'
+    out = StreamMeter(strip_usage=True).feed(event + b"\n\n", 1.0)
+    assert orjson.loads(out[6:]) == {
+        "error": {"message": "engine died", "type": "api_error", "param": None, "code": None}
+    }
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "expected"),
+    [
+        (400, b'{"error": {"message": "bad", "type": "BadRequestError", "param": "n", "code": 400}}',
+         ("bad", "invalid_request_error", "n", None)),
+        (404, b'{"error": {"message": "gone", "type": "NotFoundError", "code": 404}}',
+         ("gone", "not_found_error", None, None)),
+        (400, b'{"error": {"message": "m", "type": "invalid_request_error", "code": "context_length_exceeded"}}',
+         ("m", "invalid_request_error", None, "context_length_exceeded")),
+        (422, b'{"error": {"message": "m", "type": "x", "code": 7, "param": 3}}',
+         ("m", "unprocessable_entity_error", None, "7")),
+        (413, b"<html>too big</html>",
+         ("The worker answered 413 Request Entity Too Large.", "invalid_request_error", None, None)),
+        (400, b'{"detail": "x"}', ("The worker answered 400 Bad Request.", "invalid_request_error", None, None)),
+        (599, b"", ("The worker answered 599 Error.", "api_error", None, None)),
+    ],
+)  # fmt: skip
+def test_a_workers_error_body_is_mapped_to_the_gateways_shape(
+    status: int, body: bytes, expected: tuple[str, str, str | None, str | None]
+) -> None:
+    error = from_worker(status, body)
+    assert error.status == status
+    assert orjson.loads(render(error))["error"] == dict(
+        zip(("message", "type", "param", "code"), expected, strict=True)
+    )
 
 
 def test_stream_meter_times_first_and_last_token() -> None:
@@ -272,7 +330,7 @@ async def test_a_hold_counts_its_request_until_it_closes_and_then_reports_the_ou
     assert (view.in_flight, view.prefill_tokens, gauge._value.get(), view.failures) == (0, 0, 0, 0)
 
     refused = Hold(view, prompt_tokens=50, attempts=1, pool=pool, gauge=gauge)
-    refused.failure, refused.refused = UpstreamFailed("connection refused"), True
+    refused.failure, refused.refused = UpstreamFailed("connection refused", request_id="req-1"), True
     await refused.close()  # released before the first byte: its prefill goes too
     assert (view.in_flight, view.prefill_tokens, view.healthy, view.failures) == (0, 0, False, 1)
 

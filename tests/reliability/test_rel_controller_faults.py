@@ -57,7 +57,8 @@ def _controller(name: str, env: dict[str, str], procs: list[Proc], tmp_path: Pat
 
 
 def _env(tmp_path: Path, url: str, redis_url: str, prefix: str, **extra: Any) -> dict[str, str]:
-    return write_env(tmp_path / "cfg", fleet_of([url]), redis_url=redis_url, key_prefix=prefix, **{**TIMING, **extra})
+    shared: dict[str, Any] = {"redis_url": redis_url, "key_prefix": prefix, "allow_dev_secrets": 1}  # sims' dev token
+    return write_env(tmp_path / "cfg", fleet_of([url]), **shared, **{**TIMING, **extra})
 
 
 async def test_standby_takes_over_a_killed_leader_and_leases_expire_when_all_are_gone(

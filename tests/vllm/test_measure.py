@@ -1,11 +1,23 @@
-"""The CPU-worker measurement's arithmetic: summed counters per k, median throughput, the process-group RSS."""
+"""The CPU-worker measurement's arithmetic: summed counters per k, median throughput, the process-group RSS, and
+the k = 0 tax (the speculation-free command line, paired rounds)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from fleet.scrape import WorkerScrape
-from workers.vllm.measure import BatchResult, KResult, format_table, process_group_rss_bytes
+from workers.vllm.cpu_server import tiny_plan, tiny_worker
+from workers.vllm.measure import (
+    BatchResult,
+    KResult,
+    TaxResult,
+    format_table,
+    format_tax_table,
+    process_group_cpu_seconds,
+    process_group_rss_bytes,
+    without_speculation,
+)
 
 
 def test_rss_sums_the_process_group(tmp_path: Path) -> None:
@@ -31,3 +43,52 @@ def test_a_k_sums_its_batches_counters_and_takes_the_median_throughput() -> None
     assert result.counters == WorkerScrape(drafts=40, draft_tokens=80, accepted=40, accepted_per_pos=(28, 11, 1))
     assert result.tokens_per_second == 50.0
     assert format_table([result]).splitlines()[1].split() == ["2", "40", "2.00", "2.00", "50.0"]
+
+
+def test_the_worker_without_speculation_is_the_same_command_less_its_speculative_config(tmp_path: Path) -> None:
+    plan = tiny_plan(tiny_worker(port=8000, model_dir=tmp_path))
+    plain = without_speculation(plan)
+    i = plan.argv.index("--speculative-config")
+    assert plain.argv == plan.argv[:i] + plan.argv[i + 2 :]
+    assert plain.env == plan.env
+    assert without_speculation(plain) == plain
+
+
+def test_the_k0_tax_is_the_median_of_paired_rounds() -> None:
+    def batch(seconds: float, drafts: float = 0.0) -> BatchResult:
+        return BatchResult(400, seconds, WorkerScrape(drafts=drafts))
+
+    # 4 requests × 100 tokens: seconds × 4 / 400 per token. Round 2 ran while the machine was busy (both slower).
+    result = TaxResult(
+        4, with_drafter=(batch(1.1), batch(2.4), batch(1.0)), without=(batch(1.0), batch(2.0), batch(1.0))
+    )
+    assert [round(t, 6) for t in result.round_taxes] == [0.1, 0.2, 0.0]
+    assert round(result.tax, 6) == 0.1 == round(result.tpot_with_drafter_s / result.tpot_without_s - 1, 6)
+    assert round(result.tpot_without_s, 9) == 0.01
+    assert result.drafts == 0
+    row = format_tax_table([result]).splitlines()[1].split()
+    assert row == ["4", "11.000", "10.000", "+10.0%", "+0.0%…+20.0%", "-", "0"]
+
+
+def test_the_cpu_time_tax_compares_cpu_seconds_per_token_over_all_rounds() -> None:
+    def batch(tokens: int, cpu_s: float | None) -> BatchResult:
+        return BatchResult(tokens, 9.9, WorkerScrape(), cpu_s=cpu_s)
+
+    result = TaxResult(1, with_drafter=(batch(100, 1.0), batch(100, 1.2)), without=(batch(100, 1.0), batch(100, 1.0)))
+    assert result.cpu_tax is not None
+    assert round(result.cpu_tax, 6) == 0.1
+    assert TaxResult(1, with_drafter=(batch(100, None),), without=(batch(100, 1.0),)).cpu_tax is None
+
+
+def test_cpu_seconds_sum_user_and_system_time_of_the_process_group(tmp_path: Path) -> None:
+    def proc(pid: int, pgrp: int, utime: int, stime: int) -> None:
+        d = tmp_path / str(pid)
+        d.mkdir()
+        rest = " ".join(["0"] * 7)  # tty_nr … cmajflt: fields 4-10 after "(comm)" and the state
+        (d / "stat").write_text(f"{pid} (vllm (engine)) S 1 {pgrp} {pgrp} {rest} {utime} {stime} 0 0\n")
+
+    proc(100, 100, 300, 100)
+    proc(101, 100, 50, 50)
+    proc(200, 200, 9000, 0)
+    ticks = os.sysconf("SC_CLK_TCK")
+    assert process_group_cpu_seconds(100, proc_root=tmp_path) == 500 / ticks

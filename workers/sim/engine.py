@@ -14,9 +14,13 @@ One step, as vLLM V1 schedules it:
 3. If nothing was preempted, waiting requests are admitted while batch slots, budget and KV blocks last.
 4. Step time comes from ``fleet.perf.step_time``; each decoding request's drafts are accepted position by
    position with the profile's conditional probabilities at its current context length (seeded RNG).
+   With adaptive verification on (``workers.sim.adaptive``), k is the cap: every decoding request drafts k
+   tokens, the engine verifies a per-request prefix of them chosen from the confidence head and the profiled
+   step cost, and the step is timed at what it verified.
 
-Counters follow vLLM: a *draft* is one request-step with k > 0; ``num_draft_tokens`` grows by k per draft;
-accepted tokens are counted per position before the ``max_tokens`` cap is applied.
+Counters follow vLLM: a *draft* is one request-step with k > 0; ``num_draft_tokens`` grows by the drafts
+verified (k per draft, or the adaptive choice, which may be 0); accepted tokens are counted per position before
+the ``max_tokens`` cap is applied.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from operator import attrgetter
 
 from fleet.perf import Profile, StepShape, conditional_acceptance, step_time
 from fleet.speculation import SpeculationControl
+from workers.sim.adaptive import AdaptiveVerification, AdaptiveVerifier, VerifyPlan, probits
 from workers.sim.scheduler import SchedulingPolicy, WaitingQueue, make_queue
 from workers.sim.stats import EngineStats
 
@@ -84,6 +89,8 @@ class _Seq:
     """Context bucket ``probs`` was computed for."""
     probs: tuple[float, ...] = ()
     """Conditional acceptance per draft position at the current context (cached per bucket)."""
+    mus: tuple[float, ...] = ()
+    """Probits of ``probs`` (adaptive verification only; cached per bucket)."""
 
     @property
     def sort_key(self) -> tuple[int, float, int]:
@@ -131,6 +138,7 @@ class EngineCore:
         seed: int = 0,
         kv_capacity_tokens: int | None = None,
         max_num_batched_tokens: int | None = None,
+        adaptive: AdaptiveVerification | None = None,
     ) -> None:
         if max_num_seqs < 1:
             raise ValueError(f"max_num_seqs: must be ≥ 1, got {max_num_seqs}")
@@ -155,6 +163,15 @@ class EngineCore:
         self._accepted_hist = [0] * (self.k_max + 1)
         """Drafts by number of accepted tokens; per-position counts are its tail sums."""
         self._stats = EngineStats(k_max=self.k_max)
+        self._probit_cache: dict[tuple[str, int], tuple[float, ...]] = {}
+        self.adaptive: AdaptiveVerifier | None = None
+        """Adaptive verification (None: every decoding request verifies the schedule's k)."""
+        if adaptive is not None:
+            self.set_adaptive_verification(adaptive)
+
+    def set_adaptive_verification(self, config: AdaptiveVerification | None) -> None:
+        """Turn adaptive verification on with ``config`` (None: off). A start-up setting: call before stepping."""
+        self.adaptive = AdaptiveVerifier(self.profile, config) if config is not None else None
 
     # ------------------------------------------------------------------------------------------ requests
     @property
@@ -226,10 +243,11 @@ class EngineCore:
             context_tokens=sum(map(_COMPUTED, batch.decode)),
             prefill_tokens=prefill_tokens,
         )
-        t = step_time(self.profile, shape)
+        plan = self._plan_adaptive(batch, shape) if self.adaptive is not None and shape.k > 0 else None
+        t = plan.time if plan is not None else step_time(self.profile, shape)
         end_s = self.now_s + t.total_s
         done = _Executed()
-        self._execute_decode(batch, end_s, done)
+        self._execute_decode(batch, end_s, done, plan)
         new_prompt = self._execute_prefill(batch, end_s, done)
         for last_s, count in done.gaps.items():
             self._stats.itl_s.observe(end_s - last_s, count)
@@ -319,23 +337,43 @@ class EngineCore:
             batch.prefill.append((seq, n))
             batch.budget -= n
 
+    def _plan_adaptive(self, batch: _Batch, shape: StepShape) -> VerifyPlan:
+        assert self.adaptive is not None
+        trimmed, k = batch.trimmed, batch.k
+        caps = [trimmed.get(seq, k) if trimmed else k for seq in batch.decode]
+        mus = []
+        for seq in batch.decode:
+            self._refresh_acceptance(seq)
+            if not seq.mus:
+                key = (seq.req.workload, seq.bucket)
+                seq.mus = self._probit_cache.get(key) or self._probit_cache.setdefault(key, probits(seq.probs))
+            mus.append(seq.mus)
+        return self.adaptive.plan(mus, caps, shape, self._rng)
+
+    def _refresh_acceptance(self, seq: _Seq) -> None:
+        bucket = (seq.computed + 1) >> _CONTEXT_BUCKET_SHIFT
+        if bucket != seq.bucket:
+            seq.bucket, seq.probs, seq.mus = bucket, self._acceptance(seq.req.workload, bucket), ()
+
     # ------------------------------------------------------------------------------------------ execution
-    def _execute_decode(self, batch: _Batch, end_s: float, done: _Executed) -> None:
-        """Verify each decoding request's drafts: accept position by position, emit 1 + accepted tokens."""
+    def _execute_decode(self, batch: _Batch, end_s: float, done: _Executed, plan: VerifyPlan | None) -> None:
+        """Verify each decoding request's drafts: accept position by position (or as ``plan`` verified them),
+        emit 1 + accepted tokens."""
         rand = self._rng.random
         hist = self._accepted_hist
         emitted, gaps, trimmed, k = done.emitted, done.gaps, batch.trimmed, batch.k
         drafts_total = draft_tokens = accepted_total = 0
-        for seq in batch.decode:
+        for index, seq in enumerate(batch.decode):
             drafts = trimmed.get(seq, k) if trimmed else k
             accepted = 0
             if drafts:
-                bucket = (seq.computed + 1) >> _CONTEXT_BUCKET_SHIFT
-                if bucket != seq.bucket:
-                    seq.bucket, seq.probs = bucket, self._acceptance(seq.req.workload, bucket)
-                probs = seq.probs
-                while accepted < drafts and rand() < probs[accepted]:
-                    accepted += 1
+                if plan is not None:
+                    drafts, accepted = plan.verified[index], plan.accepted[index]
+                else:
+                    self._refresh_acceptance(seq)
+                    probs = seq.probs
+                    while accepted < drafts and rand() < probs[accepted]:
+                        accepted += 1
                 hist[accepted] += 1
                 drafts_total += 1
                 draft_tokens += drafts

@@ -60,10 +60,12 @@ class SimWorkerCollector(Collector):
         *,
         model_name: str,
         engine_index: int = 0,
+        adaptive_verification: Callable[[], bool] = lambda: False,
     ) -> None:
         self._stats = stats
         self._control = control
         self._values = [model_name, str(engine_index)]
+        self._adaptive = adaptive_verification
 
     def collect(self) -> Iterator[Metric]:
         st = self._stats()
@@ -129,7 +131,13 @@ class SimWorkerCollector(Collector):
             "Times a speculation schedule's lease ran out and the worker fell back to its start-up schedule.",
         )
         expired.add_metric([], float(ctl.lease_expiries))
-        yield from (k, version, expired)
+        adaptive = GaugeMetricFamily(
+            names.WORKER_ADAPTIVE_VERIFICATION,
+            "1 when the engine chooses per step how many drafted tokens to verify (DSpark adaptive verification); "
+            "the schedule's k is then a cap.",
+        )
+        adaptive.add_metric([], 1.0 if self._adaptive() else 0.0)
+        yield from (k, version, expired, adaptive)
 
 
 class SimWorkerMetrics:
@@ -142,9 +150,18 @@ class SimWorkerMetrics:
         *,
         model_name: str,
         engine_index: int = 0,
+        adaptive_verification: Callable[[], bool] = lambda: False,
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(SimWorkerCollector(stats, control, model_name=model_name, engine_index=engine_index))
+        self.registry.register(
+            SimWorkerCollector(
+                stats,
+                control,
+                model_name=model_name,
+                engine_index=engine_index,
+                adaptive_verification=adaptive_verification,
+            )
+        )
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -8,6 +8,7 @@ from typing import Annotated, Literal, Self
 from pydantic import AliasChoices, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from fleet.config import DEV_SECRETS, exposure, refuse_dev_secrets
 from fleet.perf import Profile, load_profile
 
 
@@ -41,6 +42,10 @@ class SimWorkerSettings(BaseSettings):
     """Speculation length the worker starts with (its fallback schedule); None = the drafter's k_max."""
     seed: int = 0
     """Seeds draft acceptance and the generated text."""
+    adaptive_verification: bool = False
+    """DSpark adaptive verification: the engine chooses per step how many of the drafted tokens to verify (from a
+    confidence head and the profiled step cost); the speculation schedule's k becomes the cap
+    (``workers.sim.adaptive``). Exported as ``gearshift_worker_adaptive_verification``."""
     speedup: Annotated[float, Field(gt=0, le=10_000)] = 1.0
     """Simulated seconds per real second: 1.0 is real time; tests run faster."""
     default_workload: str | None = None
@@ -51,11 +56,22 @@ class SimWorkerSettings(BaseSettings):
     """If set, a request without ``ignore_eos`` ends early (finish_reason "stop") at a pseudo end-of-sequence
     drawn from a geometric distribution with this mean, seeded by the request; None = run to max_tokens."""
     control_token: SecretStr = Field(
-        SecretStr("gearshift-dev-control"),
+        SecretStr(DEV_SECRETS["control_token"]),
         validation_alias=AliasChoices("control_token", "GEARSHIFT_CONTROL_TOKEN"),
     )
     """Bearer token of ``PUT /gearshift/v1/speculation`` (shared with the controller: GEARSHIFT_CONTROL_TOKEN)."""
+    allow_dev_secrets: bool = Field(
+        False, validation_alias=AliasChoices("allow_dev_secrets", "GEARSHIFT_ALLOW_DEV_SECRETS")
+    )
+    """Listen beyond loopback with the development control token (GEARSHIFT_ALLOW_DEV_SECRETS)."""
     log_level: str = "INFO"
+
+    @model_validator(mode="after")
+    def _check_secrets(self) -> Self:
+        """A worker reachable beyond loopback refuses the development control token."""
+        exposed = exposure(redis_url=None, host=self.host)
+        refuse_dev_secrets({"control_token": self.control_token}, exposed=exposed, allowed=self.allow_dev_secrets)
+        return self
 
     @model_validator(mode="after")
     def _check_profile(self) -> Self:

@@ -36,6 +36,7 @@ from typing import Protocol, cast
 from fleet.clock import ManualClock
 from fleet.perf import Profile
 from fleet.speculation import Schedule, SpeculationControl, uniform_schedule
+from workers.sim.adaptive import AdaptiveVerification
 from workers.sim.arrivals import ArrivalProcess, PhaseCallback, RequestSpec
 from workers.sim.engine import EngineCore, SimRequest, StepOutcome
 from workers.sim.exposition import SimWorkerMetrics
@@ -69,7 +70,12 @@ class VirtualWorker:
 
     @cached_property
     def _metrics(self) -> SimWorkerMetrics:
-        return SimWorkerMetrics(lambda: self.engine.stats, self.control, model_name=self.model_name)
+        return SimWorkerMetrics(
+            lambda: self.engine.stats,
+            self.control,
+            model_name=self.model_name,
+            adaptive_verification=lambda: self.engine.adaptive is not None,
+        )
 
     def metrics_text(self) -> bytes:
         """The worker's ``/metrics`` exposition now (vLLM 0.32 names), as a scrape would see it."""
@@ -88,8 +94,11 @@ def make_worker(
     seed: int = 0,
     kv_capacity_tokens: int | None = None,
     model_name: str = DEFAULT_MODEL_NAME,
+    adaptive_verification: bool = False,
 ) -> VirtualWorker:
-    """A worker whose start-up (fallback) schedule is ``schedule``, or the plain ``k`` (default: k_max)."""
+    """A worker whose start-up (fallback) schedule is ``schedule``, or the plain ``k`` (default: k_max).
+    ``adaptive_verification``: the engine sizes each step's verification itself, the schedule's k is its cap
+    (``workers.sim.adaptive``)."""
     if schedule is None:
         schedule = uniform_schedule(profile.drafter.k_max if k is None else k, max_num_seqs=max_num_seqs)
     control = SpeculationControl(
@@ -107,6 +116,7 @@ def make_worker(
         scheduling=scheduling,
         seed=seed,
         kv_capacity_tokens=kv_capacity_tokens,
+        adaptive=AdaptiveVerification() if adaptive_verification else None,
     )
     return VirtualWorker(worker_id, engine, model_name)
 

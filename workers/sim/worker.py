@@ -6,6 +6,7 @@ from aiohttp import web
 
 from fleet.clock import Clock
 from fleet.speculation import SpeculationControl, uniform_schedule
+from workers.sim.adaptive import AdaptiveVerification
 from workers.sim.driver import RealTimeDriver
 from workers.sim.engine import EngineCore
 from workers.sim.exposition import SimWorkerMetrics
@@ -38,9 +39,15 @@ class SimWorker:
             seed=settings.seed,
             kv_capacity_tokens=settings.kv_capacity_tokens,
             max_num_batched_tokens=settings.max_num_batched_tokens,
+            adaptive=AdaptiveVerification() if settings.adaptive_verification else None,
         )
         self.driver = RealTimeDriver(self.engine, clock=clock, speedup=settings.speedup)
-        self.metrics = SimWorkerMetrics(self._scrape_stats, self.control, model_name=settings.model)
+        self.metrics = SimWorkerMetrics(
+            self._scrape_stats,
+            self.control,
+            model_name=settings.model,
+            adaptive_verification=lambda: self.engine.adaptive is not None,
+        )
         self.started_at = clock.wall()
 
     @property

@@ -3,14 +3,19 @@
 A command, not a test (``gearshift worker measure``): it starts the tiny random Llama with ngram speculation,
 then for each k sets the schedule through ``PUT /gearshift/v1/speculation`` and runs one bounded batch of
 greedy ``ignore_eos`` completions, reading vLLM's own counters before and after.
+
+``gearshift worker measure --k0-tax`` instead compares the same model and load on two servers: one started with
+speculation and set to k = 0, one started without a speculative config (``without_speculation``). Their batches
+alternate, so noise from other work on the machine falls on both; the tax is the ratio of their per-token times.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +24,9 @@ import httpx
 from fleet.scrape import WorkerScrape, parse_worker_metrics
 from fleet.speculation import SpeculationUpdate
 from fleet.speculation_client import SpeculationClient
+from workers.vllm.launcher import LaunchPlan
+
+SPECULATIVE_CONFIG_FLAG = "--speculative-config"
 
 
 @dataclass(frozen=True)
@@ -27,6 +35,9 @@ class BatchResult:
     seconds: float
     counters: WorkerScrape
     """Change of vLLM's counters over the batch."""
+    cpu_s: float | None = None
+    """CPU seconds the server's processes used over the batch (None: not measured). Unlike wall time, other work
+    on the machine barely moves it."""
 
     @property
     def tokens_per_second(self) -> float:
@@ -56,9 +67,12 @@ async def run_batch(
     requests: int,
     max_tokens: int,
     temperature: float = 0.0,
+    cpu_pgid: int | None = None,
 ) -> BatchResult:
-    """``requests`` concurrent completions of ``max_tokens`` tokens each; counters are read around the batch."""
+    """``requests`` concurrent completions of ``max_tokens`` tokens each; counters are read around the batch, and
+    the CPU time of process group ``cpu_pgid`` (the server) when given."""
     before = await read_counters(client, base_url)
+    cpu_before = process_group_cpu_seconds(cpu_pgid) if cpu_pgid is not None else None
     started = time.perf_counter()
     prompts = [f"the quick brown fox {i} jumps" for i in range(requests)]
     tokens = await asyncio.gather(
@@ -68,8 +82,28 @@ async def run_batch(
         )
     )
     seconds = time.perf_counter() - started
+    cpu_s = (
+        process_group_cpu_seconds(cpu_pgid) - cpu_before if cpu_pgid is not None and cpu_before is not None else None
+    )
     after = await read_counters(client, base_url)
-    return BatchResult(completion_tokens=sum(tokens), seconds=seconds, counters=after - before)
+    return BatchResult(completion_tokens=sum(tokens), seconds=seconds, counters=after - before, cpu_s=cpu_s)
+
+
+def _group_stats(pgid: int, proc_root: Path) -> Iterator[tuple[Path, list[str]]]:
+    """``(/proc/<pid>, stat fields after "(comm)")`` of every process in group ``pgid``."""
+    for stat in proc_root.glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) == pgid:  # fields after "(comm)": state, ppid, pgrp, …
+                yield stat.parent, fields
+        except (OSError, IndexError, ValueError):
+            continue  # the process ended while we looked
+
+
+def process_group_cpu_seconds(pgid: int, proc_root: Path = Path("/proc")) -> float:
+    """User + system CPU seconds used so far by the live processes of group ``pgid``."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    return sum(int(f[11]) + int(f[12]) for _, f in _group_stats(pgid, proc_root)) / ticks
 
 
 def process_group_rss_bytes(pgid: int, proc_root: Path = Path("/proc")) -> int:
@@ -78,13 +112,10 @@ def process_group_rss_bytes(pgid: int, proc_root: Path = Path("/proc")) -> int:
     Shared pages count once per process, so this is an upper bound of the memory the worker holds.
     """
     total = 0
-    for stat in proc_root.glob("[0-9]*/stat"):
+    for proc, _ in _group_stats(pgid, proc_root):
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            if int(fields[2]) != pgid:  # fields after "(comm)": state, ppid, pgrp, …
-                continue
-            status = (stat.parent / "status").read_text()
-        except (OSError, IndexError, ValueError):
+            status = (proc / "status").read_text()
+        except OSError:
             continue  # the process ended while we looked
         for line in status.splitlines():
             if line.startswith("VmRSS:"):
@@ -143,4 +174,116 @@ def format_table(results: Sequence[KResult]) -> str:
         per_draft = "-" if c.draft_tokens_per_draft is None else f"{c.draft_tokens_per_draft:.2f}"
         emitted = "-" if c.tokens_per_draft is None else f"{c.tokens_per_draft:.2f}"
         lines.append(f"{r.k:>3} {c.drafts:>7.0f} {per_draft:>16} {emitted:>13} {r.tokens_per_second:>9.1f}")
+    return "\n".join(lines)
+
+
+def without_speculation(plan: LaunchPlan) -> LaunchPlan:
+    """``plan`` with its ``--speculative-config`` (flag and value) removed: the same server started without
+    speculation, which loads no drafter and captures nothing for it."""
+    argv = list(plan.argv)
+    if SPECULATIVE_CONFIG_FLAG in argv:
+        i = argv.index(SPECULATIVE_CONFIG_FLAG)
+        del argv[i : i + 2]
+    return LaunchPlan(argv=tuple(argv), env=plan.env)
+
+
+def seconds_per_token(batch: BatchResult, requests: int) -> float:
+    """Mean time between one stream's tokens over a batch of ``requests`` concurrent streams, seconds."""
+    return batch.seconds * requests / batch.completion_tokens if batch.completion_tokens else 0.0
+
+
+@dataclass(frozen=True)
+class TaxResult:
+    """k = 0 on a speculating server against a server started without speculation, at one batch size."""
+
+    requests: int
+    with_drafter: tuple[BatchResult, ...]
+    without: tuple[BatchResult, ...]
+
+    def _median(self, batches: tuple[BatchResult, ...]) -> float:
+        return statistics.median(seconds_per_token(b, self.requests) for b in batches)
+
+    @property
+    def tpot_with_drafter_s(self) -> float:
+        return self._median(self.with_drafter)
+
+    @property
+    def tpot_without_s(self) -> float:
+        return self._median(self.without)
+
+    @property
+    def round_taxes(self) -> tuple[float, ...]:
+        """Per round, the speculating server's time per token over the other's, less 1: the two batches of a
+        round ran back to back, so load that drifts over the run cancels within each pair."""
+        pairs = zip(self.with_drafter, self.without, strict=True)
+        return tuple(
+            seconds_per_token(a, self.requests) / seconds_per_token(b, self.requests) - 1
+            for a, b in pairs
+            if seconds_per_token(b, self.requests) > 0
+        )
+
+    @property
+    def tax(self) -> float:
+        """Extra time per token at k = 0 with the drafter loaded, a fraction (0.1 = +10 %): the median round."""
+        return statistics.median(self.round_taxes) if self.round_taxes else 0.0
+
+    @property
+    def cpu_tax(self) -> float | None:
+        """Extra CPU time per token at k = 0 with the drafter loaded, a fraction: total CPU seconds per token of
+        the speculating server over the other's, less 1 (None when CPU time was not measured)."""
+        spec = [b.cpu_s for b in self.with_drafter]
+        plain = [b.cpu_s for b in self.without]
+        if None in spec or None in plain:
+            return None
+        spec_s = sum(c for c in spec if c is not None) / sum(b.completion_tokens for b in self.with_drafter)
+        plain_s = sum(c for c in plain if c is not None) / sum(b.completion_tokens for b in self.without)
+        return spec_s / plain_s - 1 if plain_s > 0 else None
+
+    @property
+    def drafts(self) -> float:
+        """Drafts the speculating server made at k = 0 (must be 0: k = 0 stops drafting)."""
+        return sum(b.counters.drafts for b in self.with_drafter)
+
+
+async def k0_tax(
+    spec_url: str,
+    plain_url: str,
+    *,
+    model: str,
+    token: str,
+    batch_sizes: Sequence[int],
+    max_tokens: int,
+    rounds: int = 3,
+    timeout_s: float = 120.0,
+    pgids: tuple[int, int] | None = None,
+) -> list[TaxResult]:
+    """Set k = 0 on ``spec_url`` (a server started with speculation), warm both servers up, then ``rounds`` times
+    per batch size run one batch on each, alternating which goes first. ``pgids``: the two servers' process
+    groups, whose CPU time is then measured too."""
+    runs: dict[int, tuple[list[BatchResult], list[BatchResult]]] = {n: ([], []) for n in batch_sizes}
+    async with httpx.AsyncClient(timeout=timeout_s) as client:
+        update = SpeculationUpdate(k=0, version=1, lease_seconds=3600.0, reason="measure k=0 tax")
+        await SpeculationClient(client, control_token=token).update(spec_url, update)
+        for url in (spec_url, plain_url):
+            await run_batch(client, url, model=model, requests=max(batch_sizes), max_tokens=max_tokens)
+        for r in range(rounds):
+            for n in batch_sizes:
+                order = ((spec_url, 0), (plain_url, 1)) if r % 2 == 0 else ((plain_url, 1), (spec_url, 0))
+                for url, side in order:
+                    pgid = pgids[side] if pgids is not None else None
+                    batch = await run_batch(client, url, model=model, requests=n, max_tokens=max_tokens, cpu_pgid=pgid)
+                    runs[n][side].append(batch)
+    return [TaxResult(n, tuple(runs[n][0]), tuple(runs[n][1])) for n in batch_sizes]
+
+
+def format_tax_table(results: Sequence[TaxResult]) -> str:
+    head = f"{'batch':>5} {'k=0 drafter ms/tok':>19} {'no spec ms/tok':>15} {'k=0 tax':>8} {'rounds min…max':>16}"
+    lines = [head + f" {'CPU-time tax':>13} {'drafts':>7}"]
+    for r in results:
+        spread = f"{min(r.round_taxes, default=0.0):+.1%}…{max(r.round_taxes, default=0.0):+.1%}"
+        cpu = "-" if r.cpu_tax is None else f"{r.cpu_tax:+.1%}"
+        lines.append(
+            f"{r.requests:>5} {r.tpot_with_drafter_s * 1e3:>19.3f} {r.tpot_without_s * 1e3:>15.3f} "
+            f"{r.tax:>+8.1%} {spread:>16} {cpu:>13} {r.drafts:>7.0f}"
+        )
     return "\n".join(lines)

@@ -82,7 +82,7 @@ class GearshiftEndpoints:
         if engine_client is None:
             log.error("gearshift: no engine in this API server; speculation control is disabled")
             return
-        settings = VllmPluginSettings()
+        settings = VllmPluginSettings(host=args.host or "")  # vLLM listens on every interface without --host
 
         async def channel(request: dict[str, Any]) -> Reply:
             return await internals.call_engine(engine_client, request)

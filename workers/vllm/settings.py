@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Self
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
-from fleet.config import CommonSettings
+from fleet.config import CommonSettings, exposure, refuse_dev_secrets
 
 
 class VllmPluginSettings(CommonSettings):
@@ -17,3 +17,13 @@ class VllmPluginSettings(CommonSettings):
     spec_poll_seconds: Annotated[float, Field(gt=0, le=60)] = 1.0
     """Seconds between the API server's reads of the engine's schedule: it refreshes the worker metrics and
     lets a lease expire on an idle engine (a busy engine checks its lease before every step anyway)."""
+    host: str | None = None
+    """The API server's listen address (the plugin passes vLLM's ``--host``; "" for every interface); None in
+    the engine process, which listens nowhere."""
+
+    @model_validator(mode="after")
+    def _check_secrets(self) -> Self:
+        """Shared mode or a public listen address refuses the development control token."""
+        exposed = exposure(redis_url=self.redis_url, host=self.host)
+        refuse_dev_secrets({"control_token": self.control_token}, exposed=exposed, allowed=self.allow_dev_secrets)
+        return self

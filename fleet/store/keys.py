@@ -1,0 +1,81 @@
+"""The store's key layout, safe on Redis Cluster: every key that one Lua script or transaction touches carries
+the same hash tag (``{…}``), so it lives in one slot (on a single Redis the tags are just part of the name).
+
+``P`` is the prefix (``gearshift:`` by default; it may not contain ``{`` or ``}``):
+
+- ``P{t:<scope>}:limit:<kind>``: a limit or spend counter. The caller names limits ``<kind>:<scope>``
+  (``rpm:acme``, ``tpm:acme``, ``concurrency:acme``, ``spend:acme``): the scope is the tenant, so a request's
+  limits share its tenant's slot. A name without ``:`` has the empty scope. One ``admit`` or ``settle`` call must
+  keep to one scope (``single_scope``); both stores refuse a call that mixes them.
+- ``P{t:<tenant>}:ledger:stream|index|rollup|ids``: the tenant's ledger (see ``fleet.store.redis``), and
+  ``P{ledger}:tenants``, the set of tenants with a ledger (for fleet-wide reads).
+- ``P{workers}:ids`` and ``P{workers}:state:<id>``: the worker registry; ``P{ejected}:until|reason``: ejections;
+  ``P{lease:<name>}``: one lease per tag; ``P{apikey}:digest|id|revoked``: run-time API keys; ``P{replicas}``:
+  the gateway replica registry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+
+class StoreMisconfigured(RuntimeError):
+    """The store is not what the settings say; the message names the setting to change."""
+
+
+class ScopeMismatch(ValueError):
+    """One store call named limits of more than one scope (they could live on different cluster nodes)."""
+
+
+def scope_of(name: str) -> str:
+    """The scope of a limit name ``<kind>:<scope>`` (``rpm:acme`` → ``acme``; ``tpm`` → ``""``)."""
+    return name.partition(":")[2]
+
+
+def single_scope(names: Iterable[str]) -> None:
+    """Raise ``ScopeMismatch`` unless every limit name in ``names`` has the same scope."""
+    scopes = {scope_of(n) for n in names}
+    if len(scopes) > 1:
+        raise ScopeMismatch(f"one store call must keep to one limit scope, got {sorted(scopes)}")
+
+
+class KeyLayout:
+    """Physical Redis keys under ``prefix``."""
+
+    __slots__ = ("_p",)
+
+    def __init__(self, prefix: str) -> None:
+        if "{" in prefix or "}" in prefix:
+            raise ValueError(f"the key prefix may not contain '{{' or '}}' (Redis Cluster hash tags): {prefix!r}")
+        self._p = prefix
+
+    def limit(self, name: str) -> str:
+        kind, _, scope = name.partition(":")
+        return f"{self._p}{{t:{scope}}}:limit:{kind}"
+
+    def ledger(self, tenant: str, part: str) -> str:
+        """``part``: ``stream`` (append order), ``index`` (by time), ``rollup`` or ``ids`` (request ids)."""
+        return f"{self._p}{{t:{tenant}}}:ledger:{part}"
+
+    def ledger_tenants(self) -> str:
+        return f"{self._p}{{ledger}}:tenants"
+
+    def workers(self) -> str:
+        return f"{self._p}{{workers}}:ids"
+
+    def worker_state_prefix(self) -> str:
+        return f"{self._p}{{workers}}:state:"
+
+    def ejected(self, part: str) -> str:
+        """``part``: ``until`` or ``reason``."""
+        return f"{self._p}{{ejected}}:{part}"
+
+    def lease(self, name: str) -> str:
+        return f"{self._p}{{lease:{name}}}"
+
+    def api_keys(self, part: str) -> str:
+        """``part``: ``digest``, ``id`` or ``revoked``."""
+        return f"{self._p}{{apikey}}:{part}"
+
+    def replicas(self) -> str:
+        return f"{self._p}{{replicas}}"

@@ -1,0 +1,76 @@
+"""The drafter-free gear rule (``controller.drafter_free``): k = 0 held for 10 × restart_s, the rest able to carry
+the load, never the last healthy worker, minimum dwell, the operator's vetoes, one restart per model."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from controller.drafter_free import DrafterFreeConfig, Move, WorkerGear, plan_restarts
+from fleet.perf import load_profile
+
+RESTART_S = 600.0
+NOW = 100_000.0
+ON = DrafterFreeConfig(enabled=True)
+
+
+def gear(worker_id: str, **kw: object) -> WorkerGear:
+    base = WorkerGear(
+        worker_id=worker_id, model="kimi-k3", healthy=True, drafter_loaded=True, mode_since_s=0.0,
+        load_tok_s=300.0, capacity_tok_s=1000.0, k0_since_s=NOW - 10 * RESTART_S,
+    )  # fmt: skip
+    return replace(base, **kw)  # type: ignore[arg-type]
+
+
+def moves(fleet: list[WorkerGear], config: DrafterFreeConfig = ON) -> list[Move]:
+    return [v.move for v in plan_restarts(fleet, now_s=NOW, restart_s=RESTART_S, config=config)]
+
+
+def test_the_profiles_give_the_restart_time_in_minutes() -> None:
+    for name in ("kimi-k3-dspark-tp16", "kimi-k3-dspark-mi355x-tp8"):
+        restart_s = load_profile(name).serving.restart_s
+        assert restart_s is not None
+        assert 60 <= restart_s <= 3600
+
+
+def test_k0_held_for_ten_restarts_takes_one_worker_off_its_drafter() -> None:
+    fleet = [gear("w0"), gear("w1", k0_since_s=NOW - 11 * RESTART_S), gear("w2")]
+    assert moves(fleet) == [Move.STAY, Move.TO_DRAFTER_FREE, Move.STAY], "the longest-waiting one, alone"
+    verdicts = plan_restarts(fleet, now_s=NOW, restart_s=RESTART_S, config=ON)
+    assert "restarts first" in verdicts[0].reason
+
+
+def test_k0_for_less_than_ten_restarts_or_not_at_all_stays() -> None:
+    fleet = [gear("w0", k0_since_s=NOW - 9 * RESTART_S), gear("w1", k0_since_s=None)]
+    verdicts = plan_restarts(fleet, now_s=NOW, restart_s=RESTART_S, config=ON)
+    assert [v.move for v in verdicts] == [Move.STAY, Move.STAY]
+    assert "5400 s of 6000 s" in verdicts[0].reason
+
+
+def test_never_the_last_healthy_worker_of_a_model() -> None:
+    assert moves([gear("w0")]) == [Move.STAY]
+    assert moves([gear("w0"), gear("w1", healthy=False, k0_since_s=None)]) == [Move.STAY, Move.STAY]
+    other_model = gear("w1", model="other", k0_since_s=None)
+    assert moves([gear("w0"), other_model]) == [Move.STAY, Move.STAY]
+
+
+def test_the_rest_must_carry_the_load_and_nobody_else_may_be_draining() -> None:
+    heavy = [gear("w0", load_tok_s=900.0), gear("w1", load_tok_s=900.0, k0_since_s=None)]
+    assert moves(heavy) == [Move.STAY, Move.STAY], "1 800 tok/s on 800 of headroom"
+    draining = [gear("w0"), gear("w1", draining=True, k0_since_s=None), gear("w2", k0_since_s=None)]
+    assert moves(draining)[0] is Move.STAY
+
+
+def test_minimum_dwell_and_the_operators_vetoes() -> None:
+    fleet = [gear("w0"), gear("w1", k0_since_s=None)]
+    assert moves(fleet, DrafterFreeConfig()) == [Move.STAY, Move.STAY], "off unless the operator enables it"
+    assert moves(fleet, DrafterFreeConfig(enabled=True, forbidden=frozenset({"w0"})))[0] is Move.STAY
+    fresh = [gear("w0", mode_since_s=NOW - 60.0), gear("w1", k0_since_s=None)]
+    assert moves(fresh)[0] is Move.STAY
+    assert moves(fleet)[0] is Move.TO_DRAFTER_FREE
+
+
+def test_a_drafter_free_worker_gets_its_drafter_back_when_speculation_pays_for_long() -> None:
+    off = gear("w0", drafter_loaded=False, k0_since_s=None, spec_pays_since_s=NOW - 10 * RESTART_S)
+    assert moves([off, gear("w1", k0_since_s=None)]) == [Move.TO_DRAFTER, Move.STAY]
+    brief = replace(off, spec_pays_since_s=NOW - RESTART_S)
+    assert moves([brief, gear("w1", k0_since_s=None)]) == [Move.STAY, Move.STAY]
