@@ -42,7 +42,8 @@ REQUEST_QUEUE_TIME: Final = "vllm:request_queue_time_seconds"
 WORKER_SPEC_K: Final = "gearshift_worker_spec_k"  # gauge, labels from_bs, to_bs
 WORKER_SPEC_VERSION: Final = "gearshift_worker_spec_version"  # gauge
 WORKER_SPEC_LEASE_EXPIRED: Final = "gearshift_worker_spec_lease_expired"  # counter
-WORKER_ADAPTIVE_VERIFICATION: Final = "gearshift_worker_adaptive_verification"  # gauge, 1 = the engine sizes verification per step
+# gauge: 1 when the engine sizes verification per step itself (adaptive verification)
+WORKER_ADAPTIVE_VERIFICATION: Final = "gearshift_worker_adaptive_verification"
 
 VLLM_CONSUMED: Final = (
     SPEC_DECODE_NUM_DRAFTS,
