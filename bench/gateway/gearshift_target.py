@@ -10,6 +10,7 @@ bench's.
 
 from __future__ import annotations
 
+import secrets
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,6 +92,9 @@ class GearshiftLauncher:
             "GEARSHIFT_TENANTS_FILE": str(tenants_path),
             "GEARSHIFT_REDIS_URL": redis_url if self.redis else "",
             "GEARSHIFT_KEY_PEPPER": pepper,
+            # Not the development values, which a gateway on Redis (shared mode) refuses.
+            "GEARSHIFT_ADMIN_KEY": secrets.token_urlsafe(24),
+            "GEARSHIFT_CONTROL_TOKEN": secrets.token_urlsafe(24),
             "GEARSHIFT_LOG_LEVEL": "WARNING",
         }
         argv = [sys.executable, "-c", gateway_entry(self.source), "gateway", "--port", str(port)]
