@@ -15,10 +15,12 @@ from typing import Any
 import aiohttp
 import yaml
 
+from bench.soak.client import StreamResult, stream_chat
 from fleet.clock import SystemClock
 from fleet.config import FleetConfig, TenantsConfig, key_digest
 from fleet.store.memory import MemoryStore
 from fleet.store.protocol import Store
+from fleet.store.redis import RedisStore
 from gateway.core import Gateway
 from gateway.http.serve import GatewayServer
 from gateway.settings import GatewaySettings
@@ -165,3 +167,34 @@ async def eventually(check: Callable[[], Awaitable[bool] | bool], *, timeout_s: 
             return
         await asyncio.sleep(0.02)
     raise AssertionError(f"condition not met within {timeout_s} s")
+
+
+@contextlib.asynccontextmanager
+async def redis_replicas(
+    url: str, fleet: FleetConfig, tenants: TenantsConfig, *, prefix: str, cluster: bool = False
+) -> AsyncIterator[list[LiveGateway]]:
+    """Two gateway replicas, each with its own client of one Redis (or Redis Cluster) under ``prefix``."""
+    stores = [RedisStore.from_url(url, prefix=prefix, cluster=cluster) for _ in range(2)]
+    try:
+        async with (
+            live_gateway(fleet, tenants, store=stores[0]) as a,
+            live_gateway(fleet, tenants, store=stores[1]) as b,
+        ):
+            yield [a, b]
+    finally:
+        for store in stores:
+            await store.close()
+
+
+async def fire_alternating(
+    gws: list[LiveGateway], n: int, *, max_tokens: int, key: str = KEYS["alpha"], limit: int = 64
+) -> list[StreamResult]:
+    """``n`` streamed chats alternating between the replicas, at most ``limit`` in flight."""
+    sem = asyncio.Semaphore(limit)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
+
+        async def one(i: int) -> StreamResult:
+            async with sem:
+                return await stream_chat(s, gws[i % len(gws)].url, key=key, body=chat(max_tokens))
+
+        return list(await asyncio.gather(*(one(i) for i in range(n))))

@@ -4,51 +4,17 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import uuid
-from collections.abc import AsyncIterator
 
-import aiohttp
 import pytest
 from redis.asyncio.cluster import RedisCluster
 
 from bench.procs import Proc
-from bench.soak.client import StreamResult, stream_chat
-from fleet.config import FleetConfig, TenantsConfig
 from fleet.store.keys import KeyLayout
-from fleet.store.redis import RedisStore
 
-from .rel_harness import KEYS, LiveGateway, chat, fleet_of, live_gateway, tenants_of
+from .rel_harness import fire_alternating, fleet_of, redis_replicas, tenants_of
 
 pytestmark = [pytest.mark.redis, pytest.mark.cluster]
-
-
-@contextlib.asynccontextmanager
-async def replicas(
-    url: str, fleet: FleetConfig, tenants: TenantsConfig, *, prefix: str
-) -> AsyncIterator[list[LiveGateway]]:
-    stores = [RedisStore.from_url(url, prefix=prefix, cluster=True) for _ in range(2)]
-    try:
-        async with (
-            live_gateway(fleet, tenants, store=stores[0]) as a,
-            live_gateway(fleet, tenants, store=stores[1]) as b,
-        ):
-            yield [a, b]
-    finally:
-        for store in stores:
-            await store.close()
-
-
-async def _fire(gws: list[LiveGateway], n: int, *, max_tokens: int, limit: int = 64) -> list[StreamResult]:
-    """``n`` requests alternating between the replicas, at most ``limit`` in flight."""
-    sem = asyncio.Semaphore(limit)
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
-
-        async def one(i: int) -> StreamResult:
-            async with sem:
-                return await stream_chat(s, gws[i % 2].url, key=KEYS["alpha"], body=chat(max_tokens))
-
-        return list(await asyncio.gather(*(one(i) for i in range(n))))
 
 
 async def test_request_limit_holds_across_two_replicas_on_a_cluster(
@@ -56,8 +22,8 @@ async def test_request_limit_holds_across_two_replicas_on_a_cluster(
 ) -> None:
     rpm = 300
     fleet, tenants = fleet_of([w.url for w in shared_workers]), tenants_of(alpha={"rpm": rpm})
-    async with replicas(redis_cluster_url, fleet, tenants, prefix=_prefix()) as gws:
-        results = await _fire(gws, 2 * rpm, max_tokens=2)
+    async with redis_replicas(redis_cluster_url, fleet, tenants, cluster=True, prefix=_prefix()) as gws:
+        results = await fire_alternating(gws, 2 * rpm, max_tokens=2)
         for g in gws:
             await g.gw.ledger.idle()
         ledger = await gws[0].store.ledger(since=0, until=float("inf"), limit=10 * rpm)
@@ -77,11 +43,11 @@ async def test_concurrency_cap_holds_across_two_replicas_on_a_cluster(
     await probe.initialize()
     held: list[int] = []
     try:
-        async with replicas(
-            redis_cluster_url, fleet_of([w.url for w in shared_workers]), tenants, prefix=prefix
+        async with redis_replicas(
+            redis_cluster_url, fleet_of([w.url for w in shared_workers]), tenants, prefix=prefix, cluster=True
         ) as gws:
             watch = asyncio.create_task(_watch(probe, KeyLayout(prefix).limit("concurrency:alpha"), held))
-            results = await _fire(gws, 64, max_tokens=40, limit=32)
+            results = await fire_alternating(gws, 64, max_tokens=40, limit=32)
             watch.cancel()
     finally:
         await probe.aclose()

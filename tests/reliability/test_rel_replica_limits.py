@@ -4,48 +4,17 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import uuid
-from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
 
 from bench.procs import Proc
 from bench.soak.client import StreamResult, stream_chat
-from fleet.config import FleetConfig, TenantsConfig
-from fleet.store.redis import RedisStore
 
-from .rel_harness import KEYS, LiveGateway, chat, fleet_of, live_gateway, tenants_of
+from .rel_harness import KEYS, chat, fire_alternating, fleet_of, redis_replicas, tenants_of
 
 pytestmark = pytest.mark.redis
-
-
-@contextlib.asynccontextmanager
-async def replicas(redis_url: str, fleet: FleetConfig, tenants: TenantsConfig) -> AsyncIterator[list[LiveGateway]]:
-    prefix = f"rel-lim-{uuid.uuid4().hex[:8]}:"
-    stores = [RedisStore.from_url(redis_url, prefix=prefix) for _ in range(2)]
-    try:
-        async with (
-            live_gateway(fleet, tenants, store=stores[0]) as a,
-            live_gateway(fleet, tenants, store=stores[1]) as b,
-        ):
-            yield [a, b]
-    finally:
-        for store in stores:
-            await store.close()
-
-
-async def _fire(gws: list[LiveGateway], n: int, *, max_tokens: int, limit: int = 64) -> list[StreamResult]:
-    """``n`` requests alternating between the replicas, at most ``limit`` in flight."""
-    sem = asyncio.Semaphore(limit)
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
-
-        async def one(i: int) -> StreamResult:
-            async with sem:
-                return await stream_chat(s, gws[i % 2].url, key=KEYS["alpha"], body=chat(max_tokens))
-
-        return list(await asyncio.gather(*(one(i) for i in range(n))))
 
 
 async def test_request_limit_holds_across_two_replicas_under_concurrent_load(
@@ -54,8 +23,8 @@ async def test_request_limit_holds_across_two_replicas_under_concurrent_load(
     workers = shared_workers
     rpm = 300
     tenants = tenants_of(alpha={"rpm": rpm})
-    async with replicas(redis_url, fleet_of([w.url for w in workers]), tenants) as gws:
-        results = await _fire(gws, 2 * rpm, max_tokens=2)
+    async with redis_replicas(redis_url, fleet_of([w.url for w in workers]), tenants, prefix=_prefix()) as gws:
+        results = await fire_alternating(gws, 2 * rpm, max_tokens=2)
     admitted = sum(r.ok for r in results)
     refused = [r for r in results if not r.ok]
     assert all(r.status == 429 and r.error and r.error["type"] == "rate_limit_error" for r in refused), {
@@ -71,8 +40,8 @@ async def test_token_limit_holds_across_two_replicas_under_concurrent_load(
     workers = shared_workers
     tpm = 20_000
     tenants = tenants_of(alpha={"tpm": tpm})
-    async with replicas(redis_url, fleet_of([w.url for w in workers]), tenants) as gws:
-        results = await _fire(gws, 400, max_tokens=100)
+    async with redis_replicas(redis_url, fleet_of([w.url for w in workers]), tenants, prefix=_prefix()) as gws:
+        results = await fire_alternating(gws, 400, max_tokens=100)
         for g in gws:
             await g.gw.ledger.idle()
         async with gws[0].session() as s, s.get("/v1/usage") as resp:
@@ -90,7 +59,7 @@ async def test_token_limit_holds_for_requests_with_several_choices(shared_worker
     workers = shared_workers
     tpm = 4_000
     tenants = tenants_of(alpha={"tpm": tpm})
-    async with replicas(redis_url, fleet_of([w.url for w in workers]), tenants) as gws:
+    async with redis_replicas(redis_url, fleet_of([w.url for w in workers]), tenants, prefix=_prefix()) as gws:
         sem = asyncio.Semaphore(16)
         async with aiohttp.ClientSession() as s:
 
@@ -102,3 +71,7 @@ async def test_token_limit_holds_for_requests_with_several_choices(shared_worker
     used = sum(r.prompt_tokens + r.completion_tokens for r in results if r.ok)
     assert any(r.status == 429 for r in results)
     assert used <= tpm * 1.01, f"{used} tokens served against a limit of {tpm}"
+
+
+def _prefix() -> str:
+    return f"rel-lim-{uuid.uuid4().hex[:8]}:"
