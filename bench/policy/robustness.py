@@ -119,12 +119,20 @@ def workers_profile(cell: Cell) -> Profile:
     return _PERTURB[cell.kind](load_profile(cell.believed), cell.factor)
 
 
+_FACTORS: tuple[tuple[Kind, tuple[float, float]], ...] = (
+    ("acceptance", (0.7, 1.3)),
+    ("step", (0.7, 1.3)),
+    ("slope", (0.5, 2.0)),
+)
+"""The perturbations of the grid: acceptance and step time ×0.7 / ×1.3, the per-token slope ×0.5 / ×2."""
+
+
 def grid(family: Sequence[str]) -> list[Cell]:
     """Every cell for every believed profile of ``family`` (the other-profile cells need two profiles)."""
     cells: list[Cell] = []
     for name in family:
-        for kind, factors in (("acceptance", (0.7, 1.3)), ("step", (0.7, 1.3)), ("slope", (0.5, 2.0))):
-            cells += [Cell(name, kind, f) for f in factors]  # type: ignore[arg-type]
+        for kind, factors in _FACTORS:
+            cells += [Cell(name, kind, f) for f in factors]
         cells += [Cell(name, "profile", other=o) for o in family if o != name]
     return cells
 

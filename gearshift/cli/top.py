@@ -142,7 +142,7 @@ WIDE_COLUMNS = 120
 decisions below the table, one line per worker. Either way a decision is cut to fit (an ellipsis marks it):
 ``gearshift controller explain`` prints it whole."""
 _COLOURS = {"ok": "green", "down": "red", "unhealthy": "red", "stale": "yellow"}
-_WORKER_COLUMNS = (
+_WORKER_COLUMNS: tuple[tuple[str, JustifyMethod], ...] = (
     ("worker", "left"), ("model", "left"), ("k des/app", "right"), ("acc len", "right"), ("run/wait", "right"),
     ("KV", "right"), ("tok/s", "right"), ("$/Mtok", "right"), ("status", "left"),
 )  # fmt: skip
@@ -167,7 +167,7 @@ def workers_table(rows: list[WorkerRow], *, width: int) -> RenderableType:
     if width >= WIDE_COLUMNS:
         table = Table(title="workers", title_justify="left", expand=True)
         for name, justify in _WORKER_COLUMNS:
-            table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
+            table.add_column(name, justify=justify, no_wrap=True)
         table.add_column("last decision", no_wrap=True, overflow="ellipsis", ratio=1)
         for r in rows:
             table.add_row(*_cells(r), r.reason)
@@ -177,7 +177,7 @@ def workers_table(rows: list[WorkerRow], *, width: int) -> RenderableType:
         collapse_padding=True, pad_edge=False,
     )  # fmt: skip
     for name, justify in _WORKER_COLUMNS:
-        table.add_column(name, justify=justify, no_wrap=True, overflow="ellipsis")  # type: ignore[arg-type]
+        table.add_column(name, justify=justify, no_wrap=True, overflow="ellipsis")
     decisions = Table.grid(padding=(0, 2), expand=True)
     decisions.add_column(no_wrap=True)
     decisions.add_column(no_wrap=True, overflow="ellipsis", ratio=1)

@@ -4,6 +4,7 @@ the load, never the last healthy worker, minimum dwell, the operator's vetoes, o
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 from controller.drafter_free import DrafterFreeConfig, Move, WorkerGear, plan_restarts
 from fleet.perf import load_profile
@@ -13,12 +14,12 @@ NOW = 100_000.0
 ON = DrafterFreeConfig(enabled=True)
 
 
-def gear(worker_id: str, **kw: object) -> WorkerGear:
+def gear(worker_id: str, **kw: Any) -> WorkerGear:
     base = WorkerGear(
         worker_id=worker_id, model="kimi-k3", healthy=True, drafter_loaded=True, mode_since_s=0.0,
         load_tok_s=300.0, capacity_tok_s=1000.0, k0_since_s=NOW - 10 * RESTART_S,
     )  # fmt: skip
-    return replace(base, **kw)  # type: ignore[arg-type]
+    return replace(base, **kw)
 
 
 def moves(fleet: list[WorkerGear], config: DrafterFreeConfig = ON) -> list[Move]:
