@@ -11,7 +11,8 @@ the same hash tag (``{…}``), so it lives in one slot (on a single Redis the ta
   ``P{ledger}:tenants``, the set of tenants with a ledger (for fleet-wide reads).
 - ``P{workers}:ids`` and ``P{workers}:state:<id>``: the worker registry; ``P{ejected}:until|reason``: ejections;
   ``P{lease:<name>}``: one lease per tag; ``P{apikey}:digest|id|revoked``: run-time API keys; ``P{replicas}``:
-  the gateway replica registry.
+  the gateway replica registry; ``P{doc:<collection>}:ids|doc:<id>``: shared documents (a collection per slot);
+  ``P{log:<name>}``: an append-only log (a Redis stream).
 """
 
 from __future__ import annotations
@@ -76,6 +77,15 @@ class KeyLayout:
     def api_keys(self, part: str) -> str:
         """``part``: ``digest``, ``id`` or ``revoked``."""
         return f"{self._p}{{apikey}}:{part}"
+
+    def doc_ids(self, collection: str) -> str:
+        return f"{self._p}{{doc:{collection}}}:ids"
+
+    def doc_prefix(self, collection: str) -> str:
+        return f"{self._p}{{doc:{collection}}}:doc:"
+
+    def log(self, name: str) -> str:
+        return f"{self._p}{{log:{name}}}"
 
     def replicas(self) -> str:
         return f"{self._p}{{replicas}}"

@@ -143,6 +143,17 @@ end
 return out
 """
 
+DOCS = """
+-- KEYS[1]: the set of a collection's document ids. ARGV[1]: the prefix of the per-document keys (which may carry
+-- a TTL). Returns id, text, id, text, ...
+local out = {}
+for _, id in ipairs(redis.call('SMEMBERS', KEYS[1])) do
+  local text = redis.call('GET', ARGV[1] .. id)
+  if text then out[#out + 1] = id out[#out + 1] = text else redis.call('SREM', KEYS[1], id) end
+end
+return out
+"""
+
 ACQUIRE_LEASE = """
 -- KEYS[1]: lease. ARGV: holder, ttl_ms. Take it when free, renew it when ours.
 local current = redis.call('GET', KEYS[1])

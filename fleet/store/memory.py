@@ -18,10 +18,12 @@ from fleet.store import window as win
 from fleet.store.keys import single_scope
 from fleet.store.ledger import TenantLedger
 from fleet.store.protocol import (
+    LOG_MAX_ENTRIES,
     Admission,
     ApiKeyRecord,
     BudgetLimit,
     Limit,
+    LogEntry,
     SlotLimit,
     UsageRecord,
     UsageTotals,
@@ -46,6 +48,8 @@ class MemoryStore:
         self._keys_by_digest: dict[str, str] = {}
         self._digest_by_id: dict[str, str] = {}
         self._revoked: set[str] = set()
+        self._docs: dict[str, dict[str, tuple[str, float]]] = {}
+        self._logs: dict[str, list[LogEntry]] = {}
 
     # limits -------------------------------------------------------------------------------------------
     async def admit(self, limits: Sequence[Limit], *, now: float) -> Admission:
@@ -185,6 +189,34 @@ class MemoryStore:
             return False
         self._revoked.add(digest)
         return True
+
+    # shared documents and logs -------------------------------------------------------------------------
+    async def put_doc(self, collection: str, doc_id: str, body: str, *, ttl_s: float | None = None) -> None:
+        expires = float("inf") if ttl_s is None else self._clock.monotonic() + ttl_s
+        self._docs.setdefault(collection, {})[doc_id] = (body, expires)
+
+    async def get_doc(self, collection: str, doc_id: str) -> str | None:
+        return (await self.docs(collection)).get(doc_id)
+
+    async def docs(self, collection: str) -> dict[str, str]:
+        now, docs = self._clock.monotonic(), self._docs.get(collection, {})
+        for doc_id in [d for d, (_, exp) in docs.items() if exp <= now]:
+            del docs[doc_id]
+        return {d: body for d, (body, _) in docs.items()}
+
+    async def delete_doc(self, collection: str, doc_id: str) -> bool:
+        existed = doc_id in await self.docs(collection)
+        self._docs.get(collection, {}).pop(doc_id, None)
+        return existed
+
+    async def append_log(self, log: str, body: str, *, now: float) -> None:
+        entries = self._logs.setdefault(log, [])
+        entries.append(LogEntry(at=now, body=body))
+        del entries[:-LOG_MAX_ENTRIES]
+
+    async def read_log(self, log: str, *, since: float, until: float, limit: int = 1000) -> list[LogEntry]:
+        found = sorted((e for e in self._logs.get(log, []) if since <= e.at < until), key=lambda e: e.at)
+        return found[: max(limit, 0)]
 
     # lifecycle -----------------------------------------------------------------------------------------
     async def verify(self) -> None:

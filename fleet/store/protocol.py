@@ -134,6 +134,18 @@ class UsageTotals:
 
 
 # ------------------------------------------------------------------------------------------------- store
+LOG_MAX_ENTRIES = 100_000
+"""An append-only log keeps about this many newest entries (Redis trims approximately)."""
+
+
+@dataclass(frozen=True, slots=True)
+class LogEntry:
+    """One entry of an append-only log: when (Unix s) and the caller's JSON text."""
+
+    at: float
+    body: str
+
+
 class Store(Protocol):
     # limits -------------------------------------------------------------------------------------------
     async def admit(self, limits: Sequence[Limit], *, now: float) -> Admission:
@@ -208,6 +220,30 @@ class Store(Protocol):
     async def api_key_by_digest(self, digest: str) -> ApiKeyRecord | None: ...
     async def api_keys(self, tenant: str | None = None) -> list[ApiKeyRecord]: ...
     async def revoke_api_key(self, key_id: str) -> bool: ...
+
+    # shared documents and logs (plans, run-time tenants, worker modes, the admin audit trail) -----------
+    async def put_doc(self, collection: str, doc_id: str, body: str, *, ttl_s: float | None = None) -> None:
+        """Store ``body`` (a JSON text the caller's schema owns) as ``doc_id`` in ``collection``, replacing any
+        earlier one; with ``ttl_s`` it expires after that many seconds. A collection lives in one cluster slot."""
+        ...
+
+    async def get_doc(self, collection: str, doc_id: str) -> str | None: ...
+    async def docs(self, collection: str) -> dict[str, str]:
+        """Every unexpired document of ``collection``, by id."""
+        ...
+
+    async def delete_doc(self, collection: str, doc_id: str) -> bool:
+        """Remove one document; True when it existed."""
+        ...
+
+    async def append_log(self, log: str, body: str, *, now: float) -> None:
+        """Append ``body`` at time ``now`` (Unix s) to the append-only ``log`` (its newest ``LOG_MAX_ENTRIES``
+        are kept)."""
+        ...
+
+    async def read_log(self, log: str, *, since: float, until: float, limit: int = 1000) -> list[LogEntry]:
+        """The first ``limit`` entries of ``log`` with ``since <= at < until``, oldest first."""
+        ...
 
     # lifecycle ------------------------------------------------------------------------------------------
     async def verify(self) -> None:

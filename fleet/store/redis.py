@@ -25,6 +25,7 @@ import asyncio
 import hashlib
 import heapq
 import math
+import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from itertools import islice
 from typing import Any, cast
@@ -44,10 +45,12 @@ from fleet.store.keys import KeyLayout, StoreMisconfigured, single_scope
 from fleet.store.ledger import ROLLUP_SIZES_S
 from fleet.store.memory import key_record, record_order, sort_keys
 from fleet.store.protocol import (
+    LOG_MAX_ENTRIES,
     Admission,
     ApiKeyRecord,
     BudgetLimit,
     Limit,
+    LogEntry,
     SlotLimit,
     UsageRecord,
     UsageTotals,
@@ -114,6 +117,7 @@ class RedisStore:
         self._admit = _Script(client, lua.ADMIT, "RedisStore.admit")
         self._settle = _Script(client, lua.SETTLE, "RedisStore.settle")
         self._worker_states = _Script(client, lua.WORKER_STATES, "RedisStore.worker_states")
+        self._docs = _Script(client, lua.DOCS, "RedisStore.docs")
         self._acquire = _Script(client, lua.ACQUIRE_LEASE, "RedisStore.acquire_lease")
         self._release = _Script(client, lua.RELEASE_LEASE, "RedisStore.release_lease")
         self._heartbeat = _Script(client, lua.REPLICA_HEARTBEAT, "RedisStore.replica_heartbeat")
@@ -327,6 +331,45 @@ class RedisStore:
         return bool(await self._revoke(keys=keys, args=[key_id]))
 
     # lifecycle -----------------------------------------------------------------------------------------
+    # shared documents and logs -------------------------------------------------------------------------
+    async def put_doc(self, collection: str, doc_id: str, body: str, *, ttl_s: float | None = None) -> None:
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.set(self._keys.doc_prefix(collection) + doc_id, body, px=None if ttl_s is None else _ms(ttl_s))
+            pipe.sadd(self._keys.doc_ids(collection), doc_id)
+            await pipe.execute()
+
+    async def get_doc(self, collection: str, doc_id: str) -> str | None:
+        text = await self._redis.get(self._keys.doc_prefix(collection) + doc_id)
+        return None if text is None else str(text)
+
+    async def docs(self, collection: str) -> dict[str, str]:
+        keys, args = [self._keys.doc_ids(collection)], [self._keys.doc_prefix(collection)]
+        flat: list[str] = await self._docs(keys=keys, args=args)
+        return dict(zip(flat[::2], flat[1::2], strict=True))
+
+    async def delete_doc(self, collection: str, doc_id: str) -> bool:
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.delete(self._keys.doc_prefix(collection) + doc_id)
+            pipe.srem(self._keys.doc_ids(collection), doc_id)
+            deleted, _ = await pipe.execute()
+        return bool(deleted)
+
+    async def append_log(self, log: str, body: str, *, now: float) -> None:
+        # A sorted set by time; the member carries a unique prefix so equal bodies at equal times both stay.
+        member = f"{uuid.uuid4().hex}:{body}"
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.zadd(self._keys.log(log), {member: now})
+            pipe.zremrangebyrank(self._keys.log(log), 0, -(LOG_MAX_ENTRIES + 1))
+            await pipe.execute()
+
+    async def read_log(self, log: str, *, since: float, until: float, limit: int = 1000) -> list[LogEntry]:
+        if limit <= 0:
+            return []
+        pairs = await self._redis.zrangebyscore(
+            self._keys.log(log), _num(since), f"({_num(until)}", start=0, num=limit, withscores=True
+        )
+        return [LogEntry(at=float(at), body=str(member).partition(":")[2]) for member, at in pairs]
+
     async def verify(self) -> None:
         try:
             if isinstance(self._redis, RedisCluster):
