@@ -365,8 +365,11 @@ class RedisStore:
     async def read_log(self, log: str, *, since: float, until: float, limit: int = 1000) -> list[LogEntry]:
         if limit <= 0:
             return []
-        pairs: list[tuple[str, float]] = await self._redis.zrangebyscore(
-            self._keys.log(log), _num(since), f"({_num(until)}", start=0, num=limit, withscores=True
+        pairs = cast(
+            list[tuple[str, float]],
+            await self._redis.zrangebyscore(
+                self._keys.log(log), _num(since), f"({_num(until)}", start=0, num=limit, withscores=True
+            ),
         )
         return [LogEntry(at=float(at), body=str(member).partition(":")[2]) for member, at in pairs]
 
