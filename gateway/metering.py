@@ -53,9 +53,12 @@ def usage_record(
     busy_s: float,
     arrived_at: float,
     wall: float,
+    now: float,
+    tier: str | None = None,
 ) -> UsageRecord:
     """The record of one finished request (``status``: ok, error or cancelled) that kept ``worker`` busy for
-    ``busy_s`` seconds; ``arrived_at`` is the clock's monotonic time of its arrival, ``wall`` Unix seconds now.
+    ``busy_s`` seconds; ``arrived_at`` is the clock's monotonic time of its arrival, ``now`` the monotonic time
+    and ``wall`` Unix seconds now.
     Call it while the request still counts in ``worker.in_flight`` (the cost shares the worker among them)."""
     prompt = usage.prompt_tokens if usage else (stream.prompt_tokens if stream else 0)
     completion = usage.completion_tokens if usage else (stream.completion_tokens if stream else 0)
@@ -77,6 +80,8 @@ def usage_record(
         ttft_s=ttft,
         tpot_s=tpot,
         at=wall,
+        arrived_at=wall - (now - arrived_at),
+        tier=tier,
     )
 
 

@@ -263,6 +263,8 @@ class Call:
             busy_s=now - self.forwarded_at,
             arrived_at=self.started,
             wall=gw.clock.wall(),
+            now=now,
+            tier=self.principal.tier_name,
         )
         gw.ledger.append(record)
         gw.metrics.finished(record, tier=self.principal.tier_name, duration_s=now - self.started)

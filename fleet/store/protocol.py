@@ -112,6 +112,14 @@ class UsageRecord(BaseModel):
     tpot_s: float | None = None
     at: float
     """When the request finished, Unix seconds."""
+    arrived_at: float | None = None
+    """When the request reached the gateway, Unix seconds (a replayed trace's arrival time)."""
+    tier: str | None = None
+    """The tenant's tier when the request was served."""
+    workload: str | None = None
+    """The request's workload hint (``x-gearshift-workload`` or the tenant's default), when it had one."""
+    cached_tokens: int = 0
+    """Prompt tokens served from the worker's prefix cache (``prompt_tokens_details.cached_tokens``)."""
 
 
 class ApiKeyRecord(BaseModel):
