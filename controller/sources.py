@@ -3,14 +3,16 @@
 - ``HttpScrapeSource``: ``GET <worker url>/metrics`` through one shared ``httpx.AsyncClient``.
 - ``PrometheusSource``: an instant query to a Prometheus server's HTTP API for the worker's series
   (selected by the ``instance`` label, i.e. the worker URL's host:port).
-- ``RenderSource``: calls a render function per worker (the virtual-time lab and tests; no HTTP).
+- ``RenderSource``: calls a render function per worker (tests of the exposition path; no HTTP).
+- ``SampleSource``: calls a sample function per worker (the virtual-time lab: the same families as the
+  exposition text, without rendering and parsing it).
 
 Every source raises ``SourceError`` when a worker cannot be read; the loop marks that worker stale.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
@@ -109,3 +111,22 @@ class RenderSource:
             raise SourceError(f"worker {worker.id}: render failed: {exc!r}") from exc
         text = raw.decode() if isinstance(raw, bytes) else raw
         return parse_worker_metrics(text, at_s=self._clock.monotonic(), model=worker.model)
+
+
+class SampleSource:
+    """Reads samples ``(name, labels, value)`` from a function per worker id: what ``RenderSource`` reads from
+    the exposition text, without the text (in-process simulated workers in virtual time)."""
+
+    def __init__(self, collectors: Mapping[str, Callable[[], Iterable[Sample]]], *, clock: Clock) -> None:
+        self._collectors = collectors
+        self._clock = clock
+
+    async def scrape(self, worker: WorkerConfig) -> WorkerScrape:
+        collect = self._collectors.get(worker.id)
+        if collect is None:
+            raise SourceError(f"worker {worker.id}: no sample collector")
+        try:
+            samples = list(collect())
+        except Exception as exc:  # a broken in-process worker is a stale worker, not a dead controller
+            raise SourceError(f"worker {worker.id}: collect failed: {exc!r}") from exc
+        return scrape_from_samples(samples, at_s=self._clock.monotonic(), model=worker.model)

@@ -17,6 +17,8 @@ from typing import Protocol
 
 from fleet.config import FleetConfig, SpeculationPreference, TierConfig
 from fleet.perf import Profile, StepShape, load_profile, step_time
+from fleet.plan import FleetPlan, TrafficClass
+from gateway.draining import NotDrainingFilter
 from gateway.pool import WorkerView
 
 
@@ -28,6 +30,12 @@ class RouteContext:
     """Unix seconds."""
     prompt_tokens: int = 0
     """The request's estimated prompt tokens (the prefill it adds to the worker it goes to)."""
+    traffic_class: TrafficClass | None = None
+    """``"<tier>/<workload>"`` (``fleet.plan.traffic_class``); None: unknown (placement keeps every worker)."""
+    plan: FleetPlan | None = None
+    """The latest fleet plan the gateway read for ``model``, fresh or not (``gateway.placement`` checks)."""
+    prefix_blocks: tuple[int, ...] = ()
+    """Chained hashes of the prompt's leading blocks, computed once per request (``gateway.prefix``)."""
 
 
 class Filter(Protocol):
@@ -85,11 +93,14 @@ def load_of(worker: WorkerView) -> float:
 
 
 class QueueScorer:
-    """``1 − min(1, (load + prefill_tokens / prefill_tokens_per_slot) / max_num_seqs)`` with
+    """``max_num_seqs / (max_num_seqs + load + prefill_tokens / prefill_tokens_per_slot)`` with
     ``load = max(running + waiting, own in-flight)`` (requests) and ``prefill_tokens`` the estimated prompt
-    tokens of this gateway's requests on the worker not yet answered with a first byte: the share of the
-    worker's batch slots still free, where outstanding prefill work counts as ``prefill_tokens_per_slot``
-    tokens per slot (a worker prefilling a 150 k-token prompt admits new requests only after it)."""
+    tokens of this gateway's requests on the worker not yet answered with a first byte, counted as
+    ``prefill_tokens_per_slot`` tokens per slot (a worker prefilling a 150 k-token prompt admits new requests only
+    after it): 1 when idle, ½ at one batch of work, and never flat. It must not saturate: within a burst the
+    gateway's own counts are the only signal that moves (published state is a tick old), and a clipped score
+    (0 for every worker past a full batch, e.g. four 8 k-token prompts on a 32-sequence worker) would leave the
+    burst's placement to the stale signals."""
 
     name = "queue"
 
@@ -100,7 +111,8 @@ class QueueScorer:
 
     async def __call__(self, ctx: RouteContext, workers: Sequence[WorkerView]) -> list[float]:
         return [
-            1.0 - min(1.0, (load_of(w) + w.prefill_tokens / self._per_slot) / w.config.max_num_seqs) for w in workers
+            w.config.max_num_seqs / (w.config.max_num_seqs + load_of(w) + w.prefill_tokens / self._per_slot)
+            for w in workers
         ]
 
 
@@ -177,8 +189,8 @@ NEUTRAL_SCORE = 0.5
 
 
 class SpeculationScorer:
-    """Fit of a worker's published speculation state to the tier's preference. Overloaded workers score 0;
-    workers without published state score 0.5 (no opinion).
+    """Fit of a worker's published speculation state to the tier's preference. For a tier with a preference,
+    overloaded workers score 0; workers without published state score 0.5 (no opinion).
 
     - ``speed`` (interactive): relative per-user speed ``s / max(s)`` over the candidates, with
       ``s = 1 / tpot_predicted_s`` (or the accepted length when no TPOT is predicted), times
@@ -186,7 +198,9 @@ class SpeculationScorer:
     - ``throughput`` (batch): the cheapest published cost scores 1, others ``min_cost / usd_per_mtok``;
       without published costs ``1 − k_applied / k_max`` — bulk work goes to workers already in a low gear,
       where extra batch costs little, and stays off the fast lanes whose high k it would knock down.
-    - ``neutral``: 0.5 for every worker.
+    - ``neutral``: 0.5 for every worker, overloaded or not: a tier without a preference is placed by load alone.
+      The published ``overloaded`` flag is a tick old and binary; at this scorer's weight it would send a whole
+      burst that arrives within one tick to the workers not flagged (the load scorers see the burst as it lands).
     """
 
     name = "speculation"
@@ -198,7 +212,7 @@ class SpeculationScorer:
         elif pref is SpeculationPreference.THROUGHPUT:
             scores = self._throughput(workers)
         else:
-            scores = [NEUTRAL_SCORE] * len(workers)
+            return [NEUTRAL_SCORE] * len(workers)
         return [0.0 if w.state and w.state.overloaded else s for w, s in zip(workers, scores, strict=True)]
 
     @staticmethod
@@ -264,7 +278,8 @@ class Router:
         removed: dict[str, str] = {}
         for f in self._filters:
             kept = await f(ctx, candidates)
-            removed.update({w.id: f.name for w in candidates if w not in kept})
+            kept_ids = {id(w) for w in kept}  # identity: comparing views field by field is slow
+            removed.update({w.id: f.name for w in candidates if id(w) not in kept_ids})
             candidates = kept
         totals = [0.0] * len(candidates)
         for scorer, weight in self._scorers:
@@ -285,18 +300,24 @@ def default_router(
     prefill_tokens_per_slot: int = DEFAULT_PREFILL_TOKENS_PER_SLOT,
     prefill_rates: Mapping[str, float] | None = None,
     ttft_reference_s: float = DEFAULT_TTFT_REFERENCE_S,
+    placement: Filter | None = None,
+    prefix: Scorer | None = None,
+    weight_prefix: float = 0.0,
     rng: random.Random | None = None,
 ) -> Router:
-    """The gateway's router; ``weight_ttft`` 0 (the default here) leaves the TTFT scorer out."""
+    """The gateway's router; ``weight_ttft`` 0 (the default here) leaves the TTFT scorer out, and ``placement``
+    (``gateway.placement.PlacementFilter``) None leaves routing on load alone; ``prefix``
+    (``gateway.prefix.PrefixScorer``) None leaves prefix affinity out."""
     queue = QueueScorer(prefill_tokens_per_slot=prefill_tokens_per_slot)
     ttft = TtftScorer(rates=prefill_rates, reference_s=ttft_reference_s)
     return Router(
-        [ModelFilter(), HealthyFilter(), NotEjectedFilter()],
+        [ModelFilter(), HealthyFilter(), NotEjectedFilter(), NotDrainingFilter(), *([placement] if placement else [])],
         [
             (queue, weight_queue),
             (KvCacheScorer(), weight_kv),
             (SpeculationScorer(), weight_speculation),
             (ttft, weight_ttft),
+            *([(prefix, weight_prefix)] if prefix is not None else []),  # gateway.prefix.PrefixScorer
         ],
         rng=rng,
     )

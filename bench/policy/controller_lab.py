@@ -9,17 +9,18 @@ package does not depend on the simulator.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from controller.actuator import ControlActuator
 from controller.loop import Controller
 from controller.settings import ControllerSettings
-from controller.sources import RenderSource
+from controller.sources import MetricsSource, RenderSource, SampleSource
 from fleet.clock import ManualClock
 from fleet.config import DrafterConfig, FleetConfig, ModelConfig, TenantsConfig, TierConfig, WorkerConfig
 from fleet.perf import Profile
+from fleet.scrape import Sample
 from fleet.speculation import SpeculationControl
 from fleet.store.memory import MemoryStore
 from fleet.store.protocol import Store
@@ -35,6 +36,7 @@ class VirtualWorker(Protocol):
     @property
     def control(self) -> SpeculationControl: ...
     def metrics_text(self) -> bytes: ...
+    def metrics_samples(self) -> Iterable[Sample]: ...
 
 
 class VirtualLab(Protocol):
@@ -79,15 +81,19 @@ def lab_controller(
     holder_id: str = "controller",
     renderers: Mapping[str, Callable[[], bytes | str]] | None = None,
 ) -> Controller:
-    """A ``Controller`` wired to in-process workers: ``RenderSource`` in, ``ControlActuator`` out.
-    ``renderers`` (worker id → its ``/metrics`` text) replaces the workers' own, for example to make one fail."""
-    if renderers is None:
-        renderers = {w.worker_id: w.metrics_text for w in workers}
+    """A ``Controller`` wired to in-process workers: ``SampleSource`` in (their metrics without the text),
+    ``ControlActuator`` out. ``renderers`` (worker id → its ``/metrics`` text) reads the exposition text instead,
+    for example to make one fail."""
+    source: MetricsSource = (
+        SampleSource({w.worker_id: w.metrics_samples for w in workers}, clock=clock)
+        if renderers is None
+        else RenderSource(renderers, clock=clock)
+    )
     return Controller(
         fleet=lab_fleet(workers, profile),
         tenants=tenants,
         settings=settings or ControllerSettings(),
-        source=RenderSource(renderers, clock=clock),
+        source=source,
         actuator=ControlActuator({w.worker_id: w.control for w in workers}),
         store=store if store is not None else MemoryStore(clock=clock),
         clock=clock,

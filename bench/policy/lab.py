@@ -16,12 +16,12 @@ from bench.policy.capacity import MixPoint
 from bench.policy.controller_lab import lab_fleet
 from bench.policy.cost_meter import ControllerCostMeter, ModelCost
 from bench.policy.policies import LabContext, LabPolicy
-from bench.policy.routing import GatewayRouter
+from bench.policy.routing import GatewayRouter, ModalPolicy, PlacingPolicy
 from bench.policy.scenario import Scenario, ScenarioPhase, TrafficClass
 from fleet.clock import ManualClock
 from fleet.perf import Profile, load_profile
 from fleet.speculation import Schedule
-from workers.sim.arrivals import Phase, PhasedLoad, RequestKind, WorkloadMix
+from workers.sim.arrivals import ArrivalProcess, Phase, PhasedLoad, RequestKind, WorkloadMix
 from workers.sim.records import RunRecords
 from workers.sim.virtual import TickContext, VirtualLab, VirtualWorker, make_worker
 
@@ -168,11 +168,20 @@ class _Recorder:
             self.raw.ticks.append(TickSample(tick.now_s, i, max(r[2] for r in schedule), stats.running, stats.waiting))
 
 
-def run_policy(scenario: Scenario, policy: LabPolicy, *, profile: Profile | None = None, priced: bool = True) -> RawRun:
+def run_policy(
+    scenario: Scenario,
+    policy: LabPolicy,
+    *,
+    profile: Profile | None = None,
+    priced: bool = True,
+    load: ArrivalProcess | None = None,
+) -> RawRun:
     """Run ``policy`` on ``scenario`` (bound to its profile; deterministic for the scenario's seed).
-    ``priced=False`` leaves the controller's cost meter out (``model_cost`` stays None; capacity probes)."""
+    ``priced=False`` leaves the controller's cost meter out (``model_cost`` stays None; capacity probes).
+    ``load`` replaces the scenario's phases as the arrivals (a replayed trace, ``bench.replay``); the phases
+    still bound the measured windows."""
     profile = profile or load_profile(scenario.profile)
-    arrivals = build_load(scenario)
+    arrivals = load or build_load(scenario)
     clock = ManualClock()
     start = policy.start_schedule(k_max=profile.drafter.k_max, max_num_seqs=scenario.seqs)
     workers = make_workers(scenario, profile, clock, start)
@@ -197,6 +206,8 @@ def run_policy(scenario: Scenario, policy: LabPolicy, *, profile: Profile | None
         clock=clock,
         states=policy.published_states,
         seed=scenario.seed,
+        placement=policy.placement if isinstance(policy, PlacingPolicy) else None,
+        modes=policy.worker_modes if isinstance(policy, ModalPolicy) else None,
     )
     lab = VirtualLab(
         workers,

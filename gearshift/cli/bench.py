@@ -22,11 +22,13 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from gearshift.cli import soak
+from gearshift.cli import replay, soak
 
 bench_app = typer.Typer(help="Benchmarks and load checks: speculation policies in virtual time, the gateway's cost, …")
 bench_app.command("soak")(soak.soak)
 bench_app.command("fuzz")(soak.fuzz)
+bench_app.command("replay")(replay.replay)
+bench_app.command("replay-speed")(replay.replay_speed)
 DEFAULT_OUT = Path("docs/benchmarks")
 
 

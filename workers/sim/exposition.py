@@ -30,6 +30,13 @@ _COUNTERS: tuple[tuple[str, str, str], ...] = (
     (names.NUM_PREEMPTIONS, "Cumulative number of preemption from the engine.", "num_preemptions"),
     (names.PROMPT_TOKENS, "Number of prefill tokens processed.", "prompt_tokens"),
     (names.GENERATION_TOKENS, "Number of generation tokens processed.", "generation_tokens"),
+    (
+        names.PREFIX_CACHE_QUERIES,
+        "Prefix cache queries, in terms of number of queried tokens.",
+        "prefix_cache_queries",
+    ),
+    (names.PREFIX_CACHE_HITS, "Prefix cache hits, in terms of number of cached tokens.", "prefix_cache_hits"),
+    (names.PROMPT_TOKENS_CACHED, "Number of cached prompt tokens (local + external).", "prompt_tokens_cached"),
 )
 _HISTOGRAMS: tuple[tuple[str, str, str], ...] = (
     (names.ITERATION_TOKENS, "Histogram of number of tokens per engine_step.", "iteration_tokens"),
@@ -165,6 +172,12 @@ class SimWorkerMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+    def samples(self) -> Iterator[tuple[str, dict[str, str], float]]:
+        """The samples ``render()`` writes, as ``(name, labels, value)``, without the text."""
+        for family in self.registry.collect():
+            for sample in family.samples:
+                yield sample.name, sample.labels, sample.value
 
 
 def render(stats: EngineStats, control: SpeculationControl, *, model_name: str, engine_index: int = 0) -> bytes:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Protocol, cast
@@ -58,6 +58,8 @@ class VirtualWorker:
     """Requests sent to this worker and not finished yet."""
     busy: bool = False
     """True while a step is in flight."""
+    offline_until_s: float = 0.0
+    """Lab seconds until which the worker takes no steps (restarting: ``bench.policy.drafter_free_lab``)."""
 
     @property
     def control(self) -> SpeculationControl:
@@ -81,6 +83,10 @@ class VirtualWorker:
         """The worker's ``/metrics`` exposition now (vLLM 0.32 names), as a scrape would see it."""
         return self._metrics.render()
 
+    def metrics_samples(self) -> Iterator[tuple[str, dict[str, str], float]]:
+        """The samples of ``metrics_text()``, without rendering the text (the lab's controller reads these)."""
+        return self._metrics.samples()
+
 
 def make_worker(
     profile: Profile,
@@ -95,10 +101,12 @@ def make_worker(
     kv_capacity_tokens: int | None = None,
     model_name: str = DEFAULT_MODEL_NAME,
     adaptive_verification: bool = False,
+    drafter_loaded: bool = True,
 ) -> VirtualWorker:
     """A worker whose start-up (fallback) schedule is ``schedule``, or the plain ``k`` (default: k_max).
     ``adaptive_verification``: the engine sizes each step's verification itself, the schedule's k is its cap
-    (``workers.sim.adaptive``)."""
+    (``workers.sim.adaptive``). ``drafter_loaded``: started with its drafter, so k = 0 pays the idle-drafter tax
+    (False: a worker started without speculation, which decodes at k = 0)."""
     if schedule is None:
         schedule = uniform_schedule(profile.drafter.k_max if k is None else k, max_num_seqs=max_num_seqs)
     control = SpeculationControl(
@@ -117,6 +125,7 @@ def make_worker(
         seed=seed,
         kv_capacity_tokens=kv_capacity_tokens,
         adaptive=AdaptiveVerification() if adaptive_verification else None,
+        drafter_loaded=drafter_loaded,
     )
     return VirtualWorker(worker_id, engine, model_name)
 
@@ -245,6 +254,7 @@ class VirtualLab:
             raise RuntimeError("tick scheduled without tick_s and on_tick")
         self.on_tick(TickContext(self._now, self.clock, self.workers, self.records))
         self._push(self._now + self.tick_s, _TICK, None)
+        self._dirty.update(i for i, w in enumerate(self.workers) if w.offline_until_s)  # one back from a restart
 
     def _arrive(self, arrival: _Arrival) -> None:
         spec = arrival.spec
@@ -263,7 +273,9 @@ class VirtualLab:
             tag=spec.tag,
             priority=spec.priority,
         )
-        request = SimRequest(rid, spec.prompt_tokens, spec.max_tokens, spec.workload, spec.priority, self._now)
+        request = SimRequest(
+            rid, spec.prompt_tokens, spec.max_tokens, spec.workload, spec.priority, self._now, spec.block_hashes
+        )
         worker.engine.add(request)
         worker.outstanding += 1
         self._dirty.add(index)
@@ -275,7 +287,7 @@ class VirtualLab:
         dirty, self._dirty = self._dirty, set()
         for index in sorted(dirty):
             worker = self.workers[index]
-            if worker.busy or not worker.engine.has_work():
+            if worker.busy or worker.offline_until_s > self._now or not worker.engine.has_work():
                 continue
             engine = worker.engine
             engine.now_s = self._now

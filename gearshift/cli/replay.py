@@ -1,0 +1,147 @@
+"""``gearshift bench replay TRACE``: what each policy would have given on a recorded trace (``bench.replay``), and
+``gearshift bench replay-speed``: how fast the lab replays (simulated seconds per wall second)."""
+
+from __future__ import annotations
+
+import functools
+import shlex
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+DEFAULT_OUT = Path("docs/benchmarks")
+
+
+def _parse_class_map(items: list[str] | None) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in items or []:
+        tenant, sep, cls = item.partition("=")
+        if not sep or not tenant or not cls:
+            raise typer.BadParameter(f"--class-map: expected TENANT=CLASS, got {item!r}")
+        out[tenant] = cls
+    return out
+
+
+def replay(
+    trace: Annotated[
+        Path,
+        typer.Argument(
+            help="Trace file: a ledger export, an Azure/BurstGPT/Mooncake trace, or a CSV/JSONL with named columns."
+        ),
+    ],
+    profile: Annotated[
+        str, typer.Option(help="Worker profile: a built-in name or a YAML file (gearshift profile).")
+    ] = "kimi-k3-dspark-tp16",
+    workers: Annotated[
+        str,
+        typer.Option(help="Workers in the fleet, or 'auto': the smallest fleet meeting every tier's SLA, per policy."),
+    ] = "2",
+    tenants: Annotated[
+        Path | None, typer.Option(help="The gateway's tenants file (tiers and each tenant's tier).")
+    ] = None,
+    class_map: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="TENANT=CLASS: the acceptance class of a tenant's requests without a workload hint (repeatable)."
+        ),
+    ] = None,
+    acceptance_from_store: Annotated[
+        str | None,
+        typer.Option(
+            help="Redis URL: run each tenant as the acceptance class closest to what the controller measured on "
+            "the workers that served it."
+        ),
+    ] = None,
+    speed: Annotated[float, typer.Option(min=1e-6, help="Compress time: arrivals divided by this factor.")] = 1.0,
+    duration: Annotated[
+        float | None, typer.Option(min=1.0, help="Cut the trace after this many seconds (after --speed).")
+    ] = None,
+    phase: Annotated[
+        float, typer.Option(min=1.0, help="Phase window, seconds (the oracle picks a k per window).")
+    ] = 300.0,
+    processes: Annotated[int, typer.Option(min=1, help="Worker processes running policies in parallel.")] = 2,
+    out: Annotated[Path, typer.Option(help="Directory for replay.md and its PNGs.")] = DEFAULT_OUT,
+    stem: Annotated[str, typer.Option(help="File name stem of the report.")] = "replay",
+) -> None:
+    """Replay TRACE under static k, the recipe default, the controller, adaptive verification and the per-phase
+    oracle on a fleet of PROFILE workers; write a Markdown + PNG report with the verdict."""
+    from bench.policy.policies import LAB_POLICIES, LabPolicy, StaticSchedule
+    from bench.policy.suite import static_ks
+    from bench.replay.acceptance import class_map_from_store
+    from bench.replay.report import verdict, write
+    from bench.replay.run import replay as run_replay
+    from bench.replay.run import smallest_fleet
+    from bench.replay.scenario import ReplayPlan, plan_replay
+    from bench.replay.trace import TraceError, read_trace
+    from fleet.config import ConfigError, load_tenants
+    from fleet.perf import load_profile
+
+    console = Console(stderr=True)
+    try:
+        tr = read_trace(trace, speed=speed, max_duration_s=duration)
+        prof = load_profile(profile)
+        tenant_cfg = load_tenants(tenants) if tenants is not None else None
+        classes = _parse_class_map(class_map)
+        if acceptance_from_store is not None:
+            classes = {**class_map_from_store(acceptance_from_store, tr, prof), **classes}
+        auto = workers == "auto"
+        if not auto and not workers.isdigit():
+            raise typer.BadParameter(f"--workers: a whole number or 'auto', got {workers!r}")
+
+        def plan(n: int) -> ReplayPlan:
+            return plan_replay(
+                tr, prof, profile_path=profile, workers=n, tenants=tenant_cfg, class_map=classes, phase_s=phase
+            )
+
+        fleets: dict[str, int | None] = {}
+        if auto:
+            makers: dict[str, Callable[[], LabPolicy]] = {
+                StaticSchedule.plain(k).name: functools.partial(StaticSchedule.plain, k) for k in static_ks(prof)
+            }
+            makers.update(LAB_POLICIES)
+            for name, make in makers.items():
+                fleets[name] = smallest_fleet(plan, make, progress=lambda m: console.print(f"[dim]{m}"))
+                console.print(f"{name}: {fleets[name]} workers")
+        size = max((n for n in fleets.values() if n is not None), default=2) if auto else int(workers)
+        console.print(f"replaying {len(tr.requests)} requests over {tr.duration_s / 60:.1f} min on {size} workers …")
+        result = run_replay(plan(size), processes=processes, progress=lambda m: console.print(f"  done {m}"))
+        result.fleets = fleets
+    except (TraceError, ConfigError) as exc:
+        console.print(f"[red]{exc}")
+        raise typer.Exit(2) from None
+    command = "gearshift bench " + " ".join(shlex.quote(a) for a in sys.argv[2:])
+    path = write(result, out, command=command, stem=stem)
+    console.print(f"{verdict(result)}\nwrote {path} in {result.wall_s:.1f} s")
+
+
+def replay_speed(
+    duration: Annotated[float, typer.Option(min=1.0, help="Trace length, seconds.")] = 3600.0,
+    rate: Annotated[float, typer.Option(min=0.01, help="Arrivals per second.")] = 50.0,
+    workers: Annotated[int, typer.Option(min=1, help="Workers in the fleet.")] = 4,
+    policy: Annotated[str, typer.Option(help="A lab policy (gearshift, adaptive, …) or k=N.")] = "gearshift",
+    day_rate: Annotated[
+        float | None, typer.Option(help="Also estimate a full report on a day at this rate (req/s) from the run.")
+    ] = 100.0,
+) -> None:
+    """How fast the lab replays a synthetic trace: simulated seconds per wall second (reading included)."""
+    from bench.replay.run import replay_policies
+    from bench.replay.speed import measure
+    from fleet.perf import load_profile
+
+    console = Console(stderr=True)
+    console.print(f"replaying {duration:g} s at {rate:g} req/s on {workers} workers under {policy} …")
+    r = measure(duration_s=duration, rate_per_s=rate, workers=workers, policy=policy)
+    print(f"{r.requests} requests, {r.simulated_s:.0f} simulated s: read {r.read_s:.1f} s + replay {r.run_s:.1f} s wall")
+    print(f"replay speed: {r.ratio:.1f} simulated s per wall s ({r.requests / (r.read_s + r.run_s):.0f} requests/s)")
+    if day_rate:
+        per_policy = 86400.0 * (day_rate / rate) / r.ratio
+        policies = len(replay_policies(load_profile("kimi-k3-dspark-tp16"))) + 1
+        print(
+            f"estimate for a day at {day_rate:g} req/s (same request shape, workers scaled ×{day_rate / rate:g}): "
+            f"{per_policy / 60:.0f} min per policy, {policies * per_policy / 120:.0f} min for the full report "
+            f"of {policies} policies on 2 processes (linear in requests; not measured)"
+        )
