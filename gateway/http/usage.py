@@ -32,3 +32,21 @@ async def usage_report(
         "cost_usd": totals.cost_usd,
         "data": [r.model_dump() for r in records],
     }
+
+
+async def ledger_page(gw: Gateway, *, since: float, until: float | None, limit: int) -> dict[str, Any]:
+    """Fleet-wide: the first ``limit`` ledger records with ``since <= at < until`` (Unix s) in time order, and
+    where the next page starts (``next_since``, None on the last page). A page may repeat records whose ``at``
+    equals its ``since``: readers drop repeated request ids (``gearshift usage export`` does)."""
+    end = until if until is not None else gw.clock.wall() + 1e-6
+    if since > end:
+        raise InvalidRequest(f"since ({since}) is after until ({end}).", param="since")
+    records = await gw.store.ledger(since=since, until=end, limit=limit)
+    full = limit > 0 and len(records) == limit
+    return {
+        "object": "list",
+        "since": since,
+        "until": end,
+        "data": [r.model_dump() for r in records],
+        "next_since": records[-1].at if full else None,
+    }

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import typer
 
-from gearshift.cli import bench, controller, gateway, profile, sim, top, up, worker
+from gearshift.cli import bench, controller, gateway, profile, sim, top, up, usage, worker
 
 app = typer.Typer(
     name="gearshift",
@@ -15,7 +15,7 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
-for command_module in (worker, sim, up, bench, gateway, controller, top, profile):
+for command_module in (worker, sim, up, bench, gateway, controller, top, profile, usage):
     command_module.register(app)
 
 
