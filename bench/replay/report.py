@@ -12,6 +12,7 @@ import matplotlib.pyplot as plt
 
 from bench.markdown import fmt, pct, table
 from bench.policy.suite import CONTROLLER
+from bench.replay.check import METRICS, TOLERANCE, CheckResult
 from bench.replay.run import ReplayResult
 
 
@@ -150,3 +151,38 @@ def write(result: ReplayResult, out: Path, *, command: str, stem: str = "replay"
     path = out / f"{stem}.md"
     path.write_text(render(result, command=command, stem=stem) + "\n")
     return path
+
+
+def render_check(result: CheckResult, *, command: str) -> str:
+    """The prediction-against-reality table: per run (policy), tier and metric, measured vs predicted."""
+    c = result.config
+    lines = [
+        "# Replay prediction checked against the embedded stack",
+        "",
+        f"Command: `{command}`",
+        "",
+        f"Real HTTP traffic through the embedded gateway for {c.duration_s:g} s per run ({c.rate_per_s:g} req/s "
+        f"open-loop per tier, {c.sessions} closed-loop interactive sessions with {c.think_s:g} s think time, "
+        f"prompts of {c.prompt_words[0]}–{c.prompt_words[1]} words, {c.max_tokens[0]}–{c.max_tokens[1]} output "
+        f"tokens), once with the controller and once at static k={c.static_k}. Each run's ledger was replayed with "
+        f"the profile `gearshift profile` fitted to one of the stack's workers ({result.profile_name}, fitted in "
+        f"{result.fit_s:.0f} s) under the policy that ran. Measured: the gateway's own ledger (TTFT from arrival "
+        "to the first chunk, TPOT over the tokens after the first; throughput = output tokens of requests "
+        "finished inside the window per second). Target: every predicted figure within "
+        f"{TOLERANCE * 100:.0f} % of the measured one. Wall time of the whole check: {result.wall_s:.0f} s.",
+        "",
+    ]
+    for comp in result.comparisons:
+        verdict_text = "all within" if comp.within() else "NOT all within"
+        lines += [f"## {comp.policy} ({comp.records} requests): {verdict_text} {TOLERANCE * 100:.0f} %", ""]
+        rows: list[list[object]] = []
+        for tier, measured in comp.measured.items():
+            predicted = comp.predicted.get(tier)
+            if predicted is None:
+                continue
+            for metric in METRICS:
+                ratio = comp.ratio(tier, metric)
+                ok = "yes" if abs(ratio - 1) <= TOLERANCE else "**no**"
+                rows.append([tier, metric, getattr(measured, metric), getattr(predicted, metric), pct(ratio - 1), ok])
+        lines += [table(["tier", "figure", "measured", "predicted", "error", "within"], rows), ""]
+    return "\n".join(lines)

@@ -35,6 +35,8 @@ class TierLatency:
     """One tier's figures in one run: goodput within its SLA (tok/s over the window) and latency quantiles (s)."""
 
     goodput_tok_s: float
+    finished_tok_s: float
+    """Output tokens of the tier's requests that finished inside the window, per second of the window."""
     requests: int
     ttft_p50_s: float
     ttft_p99_s: float
@@ -73,6 +75,7 @@ def _tier_figures(raw_run: RawRun) -> dict[str, TierLatency]:
         tpots = [r.tpot_s for r in done if not math.isnan(r.tpot_s)]
         out[tier] = TierLatency(
             goodput_tok_s=delivered_tokens(raw_run, start, end, mine_good) / (end - start),
+            finished_tok_s=sum(r.output_tokens for r in done if r.finish_s <= end) / (end - start),
             requests=sum(1 for r in requests if r.tag == tier and start <= r.arrival_s < end),
             ttft_p50_s=percentile([r.ttft_s for r in done], 0.5),
             ttft_p99_s=percentile([r.ttft_s for r in done], 0.99),

@@ -1,7 +1,8 @@
 """A trace bound to a fleet: the lab scenario that measures it, and what each traced request runs as.
 
 **Phases.** A phase is a fixed window of the trace (``phase_s``, 5 minutes by default); the last ends 1 s after
-the last arrival. The per-phase oracle picks its k per window, and the report breaks goodput down by window.
+the last arrival (or at ``window_s``). The per-phase oracle picks its k per window, and the report breaks goodput
+down by window.
 Each phase's mix is what arrived in it (its workloads and tiers, weighted by count, with their mean lengths): the
 lab's capacity estimates read it; the arrivals themselves come from the trace (``bench.replay.load``).
 
@@ -78,9 +79,13 @@ def plan_replay(
     seed: int = 1,
     usd_per_gpu_hour: float = 3.0,
     name: str = "replay",
+    max_num_seqs: int | None = None,
+    window_s: float | None = None,
 ) -> ReplayPlan:
     """The scenario and request specs of ``trace`` on ``workers`` workers of ``profile`` (see the module
-    docstring). ``profile_path`` is what the lab loads the profile from (a name or a file)."""
+    docstring). ``profile_path`` is what the lab loads the profile from (a name or a file); ``max_num_seqs``
+    defaults to the profile's recipe; ``window_s`` fixes the measured window (default: to 1 s after the last
+    arrival)."""
     if not trace.requests:
         raise ConfigError(f"{trace.source}: the trace has no requests to replay")
     if phase_s <= 0:
@@ -124,13 +129,13 @@ def plan_replay(
         description=f"replay of {trace.source}",
         profile=profile_path,
         workers=workers,
-        max_num_seqs=profile.serving.max_num_seqs,
+        max_num_seqs=max_num_seqs or profile.serving.max_num_seqs,
         gpus_per_worker=profile.hardware.gpus,
         usd_per_gpu_hour=usd_per_gpu_hour,
         seed=seed,
         mixed=True,
         tiers=tiers,
-        phases=_phases(trace, specs, phase_s),
+        phases=_phases(trace, specs, phase_s, window_s or trace.duration_s + 1.0),
     )
     return ReplayPlan(
         scenario=scenario,
@@ -142,12 +147,12 @@ def plan_replay(
     )
 
 
-def _phases(trace: Trace, specs: list[RequestSpec], phase_s: float) -> tuple[ScenarioPhase, ...]:
-    end = trace.duration_s + 1.0
+def _phases(trace: Trace, specs: list[RequestSpec], phase_s: float, end: float) -> tuple[ScenarioPhase, ...]:
     count = max(1, math.ceil(end / phase_s))
     buckets: list[list[tuple[TraceRequest, RequestSpec]]] = [[] for _ in range(count)]
     for r, spec in zip(trace.requests, specs, strict=True):
-        buckets[min(int(r.arrival_s // phase_s), count - 1)].append((r, spec))
+        if r.arrival_s < end:
+            buckets[min(int(r.arrival_s // phase_s), count - 1)].append((r, spec))
     phases = []
     for i, bucket in enumerate(buckets):
         duration = min(phase_s, end - i * phase_s)

@@ -6,6 +6,8 @@
   pass-through proxy (and any ``--proxy-cmd``) → ``docs/benchmarks/gateway.md`` + PNGs.
 - ``gearshift bench overload``: TTFT per tier under overload with and without the gateway's overload control →
   ``docs/benchmarks/overload.md``.
+- ``gearshift bench prefix``: multi-turn agentic sessions with and without prefix affinity →
+  ``docs/benchmarks/prefix.md`` + a PNG (``gearshift.cli.bench_prefix``).
 - ``gearshift bench robustness``: the controller with a wrong model (the workers run a perturbed or other profile)
   → ``docs/benchmarks/robustness.md``.
 """
@@ -22,13 +24,16 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from gearshift.cli import replay, soak
+from gearshift.cli import bench_prefix, replay, soak
 
 bench_app = typer.Typer(help="Benchmarks and load checks: speculation policies in virtual time, the gateway's cost, …")
 bench_app.command("soak")(soak.soak)
 bench_app.command("fuzz")(soak.fuzz)
+bench_app.command("prefix")(bench_prefix.prefix)
 bench_app.command("replay")(replay.replay)
 bench_app.command("replay-speed")(replay.replay_speed)
+bench_app.command("replay-check")(replay.replay_check)
+bench_app.command("drive")(replay.drive)
 DEFAULT_OUT = Path("docs/benchmarks")
 
 

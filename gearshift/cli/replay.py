@@ -63,6 +63,9 @@ def replay(
     phase: Annotated[
         float, typer.Option(min=1.0, help="Phase window, seconds (the oracle picks a k per window).")
     ] = 300.0,
+    max_num_seqs: Annotated[
+        int | None, typer.Option(min=1, help="Sequences a worker runs at once (default: the profile's recipe).")
+    ] = None,
     processes: Annotated[int, typer.Option(min=1, help="Worker processes running policies in parallel.")] = 2,
     out: Annotated[Path, typer.Option(help="Directory for replay.md and its PNGs.")] = DEFAULT_OUT,
     stem: Annotated[str, typer.Option(help="File name stem of the report.")] = "replay",
@@ -94,7 +97,14 @@ def replay(
 
         def plan(n: int) -> ReplayPlan:
             return plan_replay(
-                tr, prof, profile_path=profile, workers=n, tenants=tenant_cfg, class_map=classes, phase_s=phase
+                tr,
+                prof,
+                profile_path=profile,
+                workers=n,
+                tenants=tenant_cfg,
+                class_map=classes,
+                phase_s=phase,
+                max_num_seqs=max_num_seqs,
             )
 
         fleets: dict[str, int | None] = {}
@@ -135,7 +145,9 @@ def replay_speed(
     console = Console(stderr=True)
     console.print(f"replaying {duration:g} s at {rate:g} req/s on {workers} workers under {policy} …")
     r = measure(duration_s=duration, rate_per_s=rate, workers=workers, policy=policy)
-    print(f"{r.requests} requests, {r.simulated_s:.0f} simulated s: read {r.read_s:.1f} s + replay {r.run_s:.1f} s wall")
+    print(
+        f"{r.requests} requests, {r.simulated_s:.0f} simulated s: read {r.read_s:.1f} s + replay {r.run_s:.1f} s wall"
+    )
     print(f"replay speed: {r.ratio:.1f} simulated s per wall s ({r.requests / (r.read_s + r.run_s):.0f} requests/s)")
     if day_rate:
         per_policy = 86400.0 * (day_rate / rate) / r.ratio
@@ -145,3 +157,48 @@ def replay_speed(
             f"{per_policy / 60:.0f} min per policy, {policies * per_policy / 120:.0f} min for the full report "
             f"of {policies} policies on 2 processes (linear in requests; not measured)"
         )
+
+
+def replay_check(
+    duration: Annotated[float, typer.Option(min=5.0, help="Seconds of real traffic per run.")] = 60.0,
+    rate: Annotated[float, typer.Option(min=0.1, help="Open-loop arrivals per second, each tier.")] = 2.0,
+    sessions: Annotated[int, typer.Option(min=0, help="Closed-loop interactive sessions.")] = 4,
+    out: Annotated[Path, typer.Option(help="Directory for replay-check.md and the fitted profile.")] = DEFAULT_OUT,
+) -> None:
+    """Record real traffic on the embedded stack (controller on, then static k), replay each run's ledger with a
+    profile fitted to its workers, and compare the prediction with the gateway's own measurements."""
+    import asyncio
+
+    from bench.replay.check import CheckConfig, check
+    from bench.replay.report import render_check
+
+    console = Console(stderr=True)
+    config = CheckConfig(duration_s=duration, rate_per_s=rate, sessions=sessions)
+    result = asyncio.run(check(config, out / "replay-check", progress=lambda m: console.print(f"[dim]{m}")))
+    command = "gearshift bench " + " ".join(shlex.quote(a) for a in sys.argv[2:])
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "replay-check.md"
+    path.write_text(render_check(result, command=command) + "\n")
+    for comp in result.comparisons:
+        console.print(f"{comp.policy}: {'within' if comp.within() else 'NOT within'} 15 % on every tier and figure")
+    console.print(f"wrote {path} in {result.wall_s:.0f} s")
+
+
+def drive(
+    gateway: Annotated[str, typer.Option(help="Gateway base URL.")] = "http://127.0.0.1:8000",
+    duration: Annotated[float, typer.Option(min=1.0, help="Seconds of traffic.")] = 60.0,
+    rate: Annotated[float, typer.Option(min=0.1, help="Open-loop arrivals per second, each tier.")] = 2.0,
+    sessions: Annotated[int, typer.Option(min=0, help="Closed-loop interactive sessions (x-gearshift-session).")] = 4,
+    model: Annotated[str, typer.Option(help="Model name.")] = "kimi-k3",
+) -> None:
+    """Drive the embedded stack's demo tenants (interactive and batch) with streamed chat requests: open-loop
+    arrivals per tier plus closed-loop sessions, so the ledger has traffic to export and replay."""
+    import asyncio
+
+    from bench.replay.check import CheckConfig
+    from bench.replay.check import drive as run_drive
+
+    console = Console(stderr=True)
+    config = CheckConfig(duration_s=duration, rate_per_s=rate, sessions=sessions)
+    sent = asyncio.run(run_drive(gateway, model, config, progress=lambda m: console.print(f"[dim]{m}")))
+    console.print(f"sent {sent} requests through {gateway}")
