@@ -13,12 +13,14 @@ import httpx
 from prometheus_client import start_http_server
 
 from controller.actuator import HttpActuator
+from controller.gear_mode import GearModes, HttpRestarter
 from controller.loop import Controller
 from controller.metrics import ControllerMetrics
 from controller.settings import ControllerSettings, SourceKind
 from controller.sources import HttpScrapeSource, MetricsSource, PrometheusSource
 from fleet.clock import Clock, SystemClock
-from fleet.config import CommonSettings
+from fleet.config import CommonSettings, FleetConfig
+from fleet.perf import load_profile
 from fleet.store.factory import build_store
 from fleet.store.protocol import Store
 
@@ -41,6 +43,29 @@ def build_source(settings: ControllerSettings, client: httpx.AsyncClient, clock:
     return HttpScrapeSource(client, clock=clock)
 
 
+def build_gear_modes(
+    settings: ControllerSettings, fleet: FleetConfig, *, store: Store, client: httpx.AsyncClient, clock: Clock
+) -> GearModes:
+    """The drafter-free gear over HTTP (``fleet.restart``); workers whose profile models no ``restart_s`` are
+    never moved, and a dry run moves none."""
+    restart_s = {}
+    for w in fleet.workers:
+        model = fleet.model(w.model)
+        seconds = load_profile(model.profile).serving.restart_s if model is not None else None
+        if seconds is not None:
+            restart_s[w.id] = seconds
+    return GearModes(
+        workers=fleet.workers,
+        restart_s=restart_s,
+        config=settings.drafter_free.model_copy(
+            update={"enabled": settings.drafter_free.enabled and not settings.dry_run}
+        ),
+        restarter=HttpRestarter(client, control_token=settings.control_token.get_secret_value()),
+        store=store,
+        clock=clock,
+    )
+
+
 def build_controller(
     settings: ControllerSettings,
     *,
@@ -49,8 +74,9 @@ def build_controller(
     clock: Clock,
     metrics: ControllerMetrics | None = None,
 ) -> Controller:
+    fleet = settings.fleet()
     return Controller(
-        fleet=settings.fleet(),
+        fleet=fleet,
         tenants=settings.tenants(),
         settings=settings,
         source=build_source(settings, client, clock),
@@ -59,6 +85,7 @@ def build_controller(
         clock=clock,
         metrics=metrics,
         holder_id=settings.holder_id or default_holder_id(),
+        gear_modes=build_gear_modes(settings, fleet, store=store, client=client, clock=clock),
     )
 
 

@@ -1,6 +1,6 @@
 """The drafter-free gear: when to take a worker to a true "off" (restarted without its drafter) and back.
 
-Lab-only mechanics (issue 14): a pure rule over the fleet, no drain or restart of a real worker yet. k = 0 on a
+The pure rule (issue 14); ``controller.gear_mode`` carries its verdicts out (drain, restart, return). k = 0 on a
 worker started with a drafter still pays the idle-drafter tax (``fleet.perf.IdleDrafterTax``); only a restart
 without the drafter removes it, and the restart takes the worker's capacity away for ``restart_s``
 (``fleet.perf.ServingSettings.restart_s``). So the decision is fleet-level. ``plan_restarts`` proposes, per model,
@@ -30,15 +30,21 @@ class DrafterFreeConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     enabled: bool = False
-    """The operator's fleet-wide switch (off by default: lab only until drain and restart exist for real vLLM)."""
+    """The operator's fleet-wide switch (``GEARSHIFT_DRAFTER_FREE__ENABLED``; off by default)."""
     forbidden: frozenset[str] = frozenset()
-    """Worker ids the operator keeps as they are started."""
+    """Worker ids the operator keeps as they are started (``GEARSHIFT_DRAFTER_FREE__FORBIDDEN``; the fleet file's
+    ``allow_drafter_free: false`` adds to it)."""
     dwell_factor: float = Field(10.0, ge=1)
     """A mode must have been wanted for this many restart times before a restart is proposed."""
     min_dwell_s: float = Field(1800.0, ge=0)
     """Least time a worker stays in a drafter mode after a restart, seconds."""
     headroom: float = Field(0.8, gt=0, le=1)
     """Share of the other workers' capacity the model's load may take while one restarts."""
+    drain_grace_s: float = Field(10.0, ge=0)
+    """Least time a worker drains before its restart, seconds: every gateway replica must have re-read its mode
+    (``GatewaySettings.state_refresh_s``) so that none still sends it requests."""
+    drain_timeout_s: float = Field(600.0, gt=0)
+    """A drain that has not emptied the worker by then is given up (it serves again in its old mode), seconds."""
 
 
 class Move(StrEnum):

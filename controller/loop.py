@@ -20,7 +20,9 @@ from controller.canary import CanaryGate
 from controller.cost import WorkerCost, attribute_to_tenants, prefill_seconds_per_token, worker_cost
 from controller.estimator import Estimate, WorkerEstimator
 from controller.full_speed import gear_schedule
+from controller.gear_mode import GearModes, GearObservation
 from controller.metrics import ControllerMetrics
+from controller.placement import FleetPlacement, WorkerSample, obey_pool, worker_gears
 from controller.policy import Decision, decide
 from controller.settings import ControllerSettings
 from controller.sources import MetricsSource, SourceError
@@ -28,7 +30,7 @@ from controller.stabiliser import Action, ActionKind, StabiliserState, initial_s
 from controller.window import Window, WindowBreak, window_between
 from fleet.clock import Clock
 from fleet.config import FleetConfig, TenantsConfig, WorkerConfig
-from fleet.perf import Profile, load_profile
+from fleet.perf import Profile, load_profile, predict_step
 from fleet.scrape import COUNTER_FIELDS, WorkerScrape
 from fleet.speculation import (
     FullSpeed,
@@ -39,6 +41,7 @@ from fleet.speculation import (
     check_full_speed,
 )
 from fleet.store.protocol import Store, UsageRecord, WorkerState
+from fleet.worker_mode import Phase
 
 log = logging.getLogger("gearshift.controller")
 
@@ -53,6 +56,16 @@ def tpot_target(model: str, tenants: TenantsConfig) -> float | None:
     return min(targets) if targets else None
 
 
+def ttft_target(model: str, tenants: TenantsConfig) -> float | None:
+    """The tightest TTFT target among the tiers of tenants allowed to use ``model`` (seconds; None: none)."""
+    targets = [
+        tier.ttft_target_s
+        for t in tenants.tenants
+        if t.allows(model) and (tier := tenants.tiers[t.tier]).ttft_target_s is not None
+    ]
+    return min(targets) if targets else None
+
+
 @dataclass
 class WorkerRuntime:
     """The controller's memory of one worker."""
@@ -62,6 +75,8 @@ class WorkerRuntime:
     estimator: WorkerEstimator
     tpot_target_s: float | None
     first_seen_s: float
+    ttft_target_s: float | None = None
+    """The tightest TTFT target of the tiers that may use the worker's model, seconds (None: none)."""
     prev: WorkerScrape | None = None
     last_ok_s: float | None = None
     stab: StabiliserState | None = None
@@ -89,6 +104,8 @@ class WorkerRuntime:
     stale_since_s: float | None = None
     switches: list[tuple[float, int]] = field(default_factory=list)
     """``(controller time, k)`` for every applied change (for reports and flap checks)."""
+    drafter_loaded: bool = True
+    """Runs with its drafter (``controller.gear_mode``); a drafter-free worker is held at k = 0, never actuated."""
 
     @property
     def k_desired(self) -> int | None:
@@ -118,8 +135,11 @@ class Controller:
         metrics: ControllerMetrics | None = None,
         holder_id: str = "controller",
         profiles: Mapping[str, Profile] | None = None,
+        gear_modes: GearModes | None = None,
     ) -> None:
+        """``gear_modes``: the drafter-free gear's moves (None: every worker keeps the mode it was started in)."""
         self.settings = settings
+        self.gear_modes = gear_modes
         self.source = source
         self.actuator = actuator
         self.store = store
@@ -138,11 +158,18 @@ class Controller:
             profile = loaded[model.profile]
             k_max = min(w.drafter.k_max, profile.drafter.k_max)
             est = WorkerEstimator(w.id, profile, k_max, settings.estimator)
-            self.workers[w.id] = WorkerRuntime(w, profile, est, tpot_target(w.model, tenants), now)
+            self.workers[w.id] = WorkerRuntime(
+                w, profile, est, tpot_target(w.model, tenants), now, ttft_target_s=ttft_target(w.model, tenants)
+            )
         self.tenants = tenants
         self._attributed_until = clock.wall()
         self.canary = (
             CanaryGate(settings.canary_worker, settings.canary_ticks) if settings.canary_worker is not None else None
+        )
+        self.placement = (
+            FleetPlacement(settings.placement, store=store, clock=clock, tenants=tenants, metrics=self.metrics)
+            if settings.placement.enabled
+            else None
         )
 
     # ------------------------------------------------------------------------------------------- one tick
@@ -152,6 +179,18 @@ class Controller:
             results = await asyncio.gather(
                 *(self._tick_worker(rt) for rt in self.workers.values()), return_exceptions=True
             )
+            if self.gear_modes is not None:
+                try:
+                    await self.gear_modes.tick([self._gear_observation(rt) for rt in self.workers.values()])
+                except Exception as exc:  # a store or restart-control hiccup: the moves resume next tick
+                    self.metrics.tick_failures.inc()
+                    log.warning("drafter-free gear tick failed: %r", exc)
+            if self.placement is not None:
+                try:
+                    await self.placement.tick([self._placement_sample(rt) for rt in self.workers.values()])
+                except Exception as exc:  # the ledger or the store: the plan is made again next period
+                    self.metrics.tick_failures.inc()
+                    log.warning("fleet placement tick failed: %r", exc)
             if self.clock.wall() - self._attributed_until >= self.settings.tenant_interval_s:
                 try:
                     await self.attribute_tenants()
@@ -175,8 +214,17 @@ class Controller:
             rt.estimator.k_current = rt.k_applied  # before the first window, trust what the worker reports
         stale_for = now - (rt.last_ok_s if rt.last_ok_s is not None else rt.first_seen_s)
         est = rt.estimator.estimate(stale=stale, stale_for_s=stale_for if stale else 0.0)
+        drafter = self.gear_modes is None or self.gear_modes.drafter_loaded(rt.config.id)
+        if drafter != rt.drafter_loaded:
+            rt.drafter_loaded, rt.stab = drafter, None  # restarted in the other mode: start from what it runs
         decision = decide(
-            est, rt.profile, tpot_target_s=rt.tpot_target_s, config=self.settings.policy, full_speed=rt.full_speed
+            est,
+            rt.profile,
+            tpot_target_s=self._tpot_target(rt),
+            ttft_target_s=rt.ttft_target_s,
+            config=self.settings.policy,
+            full_speed=rt.full_speed if drafter else None,  # drafter-free: would a k > 0 pay with the drafter?
+            drafter_loaded=drafter,
         )
         if est.adaptive:
             decision = cap_decision(est, decision)  # the engine sizes verification itself: choose its cap
@@ -187,20 +235,52 @@ class Controller:
             if self.canary is not None:
                 self.canary.validated.add(rt.stab.k)
         new_state, action = stabilise(rt.stab, decision, est, now, self.settings.stabiliser)
+        new_state, action = self._follow_plan(rt, new_state, action, decision, est, now)
         if self.canary is not None and not self.canary.allows(rt.config.id, action):
             action = Action(
                 rt.stab.k, ActionKind.HOLD, f"canary: k={action.k} not yet validated on {self.canary.canary_id}"
             )
         else:
             rt.stab = new_state
+        if not drafter:
+            rt.stab, action = initial_state(0, now), Action(0, ActionKind.HOLD, "drafter-free: k = 0 (no drafter)")
         rt.estimate, rt.decision, rt.action = est, decision, action
         if action.changed:
             log.info("worker %s: %s → k=%d: %s", rt.config.id, action.kind, action.k, action.reason)
         self.metrics.decisions.labels(rt.config.id, action.kind.value, decision.risk.value).inc()
-        if not self.settings.dry_run:  # also when stale: holding renews the lease, the stale default applies
+        restarting = self.gear_modes is not None and self.gear_modes.phase(rt.config.id) is Phase.RESTARTING
+        if not self.settings.dry_run and drafter and not restarting:  # also when stale: holding renews the lease
             await self._actuate(rt, now)
         self._account(rt)
         await self._publish(rt)
+
+    # ------------------------------------------------------------------------------------ fleet placement
+    def _tpot_target(self, rt: WorkerRuntime) -> float | None:
+        """The worker's TPOT target: its pool's under a plan with several pools, else its model's tiers'."""
+        if self.placement is None:
+            return rt.tpot_target_s
+        return self.placement.tpot_target(rt.config.id, rt.config.model, rt.tpot_target_s)
+
+    def _follow_plan(
+        self, rt: WorkerRuntime, state: StabiliserState, action: Action, decision: Decision, est: Estimate, now: float
+    ) -> tuple[StabiliserState, Action]:
+        """The stabiliser's step, made to follow the worker's pool gear (``controller.placement.obey_pool``)."""
+        found = self.placement.pool_of(rt.config.id, rt.config.model) if self.placement is not None else None
+        if found is None:
+            return state, action
+        dwell = self.settings.stabiliser.min_dwell_s
+        return obey_pool(state, action, decision, est, found[0], now=now, min_dwell_s=dwell)
+
+    def _placement_sample(self, rt: WorkerRuntime) -> WorkerSample:
+        k_max = min(rt.config.drafter.k_max, rt.profile.drafter.k_max)
+        return WorkerSample(
+            worker_id=rt.config.id,
+            model=rt.config.model,
+            profile=rt.profile,
+            max_num_seqs=rt.max_num_seqs or rt.config.max_num_seqs,
+            gears=worker_gears(self.settings.policy.k_tiers, k_max, rt.full_speed),
+            estimate=rt.estimate,
+        )
 
     async def _scrape(self, rt: WorkerRuntime, now: float) -> WorkerScrape | None:
         wid = rt.config.id
@@ -298,6 +378,36 @@ class Controller:
         if change:
             rt.rebase = True  # the next window would straddle the switch
             rt.switches.append((now, rt.stab.k))  # the gear: a full-speed schedule may hold lower k at other sizes
+
+    def _gear_observation(self, rt: WorkerRuntime) -> GearObservation:
+        """What the drafter-free gear needs of a worker this tick: capacity is k = 0 at ``max_num_seqs`` (with the
+        step correction and the observed prefill per output token), load the goodput predicted at its batch."""
+        fresh = rt.stale_since_s is None and rt.prev is not None
+        est, decision = rt.estimate, rt.decision
+        load = capacity = 0.0
+        spec_pays = False
+        if est is not None and decision is not None:
+            current = decision.candidate(rt.stab.k) if rt.stab is not None else None
+            load = current.goodput_tok_s if current is not None and est.batch > 0 else 0.0
+            seqs = float(rt.max_num_seqs or rt.config.max_num_seqs)
+            step = predict_step(
+                rt.profile,
+                batch=seqs,
+                k=0,
+                context_per_seq=est.context_per_seq,
+                prefill_per_step=est.prefill_per_token * seqs,
+            )
+            capacity = seqs / (step.total_s * est.step_correction)
+            spec_pays = decision.k > 0
+        return GearObservation(
+            worker_id=rt.config.id,
+            fresh=fresh,
+            in_flight=rt.prev.running + rt.prev.waiting if fresh and rt.prev is not None else None,
+            k_chosen=rt.stab.k if rt.stab is not None else None,
+            spec_pays=spec_pays,
+            load_tok_s=load,
+            capacity_tok_s=capacity,
+        )
 
     # ------------------------------------------------------------------------------------ cost and output
     def _account(self, rt: WorkerRuntime) -> None:

@@ -28,12 +28,15 @@ DRAFTER_SHARE: Final = "gearshift_controller_drafter_share"
 REJECTED_SHARE: Final = "gearshift_controller_rejected_draft_share"
 SAVINGS_USD: Final = "gearshift_controller_speculation_savings_usd"
 TENANT_COST_USD: Final = "gearshift_controller_tenant_cost_usd"
+PLAN_VERSION: Final = "gearshift_controller_plan_version"
+PLAN_GOODPUT: Final = "gearshift_controller_plan_goodput_predicted_tok_s"
+WORKER_POOL: Final = "gearshift_controller_worker_pool"
 
 ALL_NAMES: Final = (
     K_DESIRED, K_APPLIED, DECISIONS, ACCEPTED_LENGTH, STEP_PREDICTED, STEP_OBSERVED, STEP_CORRECTION,
     TPOT_PREDICTED, DECODE_BATCH, OVERLOADED, STALE, SCRAPE_FAILURES, ACTUATION_FAILURES, TICK_DURATION,
     TICK_FAILURES, LEADER, USD_PER_MTOK, USD_PER_MTOK_K0, DRAFTER_SHARE, REJECTED_SHARE, SAVINGS_USD,
-    TENANT_COST_USD,
+    TENANT_COST_USD, PLAN_VERSION, PLAN_GOODPUT, WORKER_POOL,
 )  # fmt: skip
 
 _W = ["worker"]
@@ -86,3 +89,10 @@ class ControllerMetrics:
             SAVINGS_USD, "Cumulative modelled savings of speculation vs k=0, USD (< 0: it cost).", _W, registry=r
         )
         self.tenant_cost = Counter(TENANT_COST_USD, "Cost attributed to each tenant, USD.", ["tenant"], registry=r)
+        self.plan_version = Gauge(PLAN_VERSION, "Version of the fleet plan published per model.", ["model"], registry=r)
+        self.plan_goodput = Gauge(
+            PLAN_GOODPUT, "Goodput the published fleet plan predicts, tokens/s.", ["model"], registry=r
+        )
+        self.worker_pool = Gauge(
+            WORKER_POOL, "1 for the pool each worker is in under the published fleet plan.", [*_W, "pool"], registry=r
+        )

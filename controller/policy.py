@@ -10,6 +10,14 @@ the tiers the worker serves; if none does, the k with the lowest TPOT (the most 
 class with a material share of the worker's traffic (``controller.classes``), not the blended mean: a chat
 request sharing a batch with maths sees the same step time but far fewer accepted tokens per step.
 
+TTFT targets count too (issue 16): a k's verified tokens, ``B·(k + 1)`` per step, share the step's token budget
+(``chunked_prefill_tokens``) with the prompts being prefilled, and lengthen every step. So a new request behind
+the W waiting ones, all of the mean prompt length P (``mean_prompt_tokens``), has its first token after
+``(W + 1)·P / (budget − B·(k + 1))`` steps of ``T(B, k)`` carrying a full prefill chunk: its predicted TTFT
+``ttft_s``, the part of TTFT that k moves. Among the k that meet the TPOT target, those whose ``ttft_s`` also meets the
+tightest ``ttft_target_s`` of the worker's tiers are preferred; when no k meets it, k cannot help and the TTFT
+target is set aside (the reason says so).
+
 One k per worker, not a per-batch-size table: the decode batch is measured as a mean over a window, and a table
 keyed on the instantaneous batch (which includes prefills and flickers) is what collapses throughput at its
 threshold in vLLM #49548. At a fixed B the goodput argmax is also the TPOT argmin, so the target mostly decides
@@ -87,6 +95,10 @@ class Candidate:
     allowed: bool
     tpot_slowest_s: float | None = None
     """TPOT of the slowest workload class with a material share of the traffic (None: same as ``tpot_s``)."""
+    ttft_s: float | None = None
+    """Predicted prefill time of a mean-length prompt at this k, seconds (None: no prompts seen yet)."""
+    ttft_ok: bool = True
+    """``ttft_s`` meets the TTFT target (True when there is no target or no prediction)."""
     excluded_by: str = ""
     """Why the worker's advertised full-speed set rules this k out at the expected batch ('' when it does not)."""
 
@@ -118,6 +130,35 @@ class Decision:
         return next((c for c in self.candidates if c.k == k), None)
 
 
+def mean_prompt_tokens(est: Estimate) -> float:
+    """Mean prompt length of the worker's requests, tokens, from what the estimate holds: a running request's
+    context averages its prompt P plus half its output O, and prompts are ``r = prefill_per_token`` times the
+    output, so ``P = context · r / (r + ½)``. 0 before any prompt was seen."""
+    r = est.prefill_per_token
+    return est.context_per_seq * r / (r + 0.5) if r > 0 else 0.0
+
+
+def predict_prefill_s(est: Estimate, profile: Profile, k: int, *, drafter_loaded: bool) -> float | None:
+    """Seconds until a new request's first token at draft length ``k``: the prompts of the ``est.waiting``
+    requests ahead of it and its own, each of the mean length (``mean_prompt_tokens``), prefilled beside a decode
+    batch of ``est.batch``: ``(W + 1)·P / chunk`` steps, each ``T(B, k)`` × correction carrying ``chunk = budget
+    − B·(k + 1)`` prompt tokens (at least one token). None before any prompt was seen."""
+    prompt = mean_prompt_tokens(est)
+    if prompt <= 0:
+        return None
+    batch = max(est.batch, 1.0)
+    chunk = max(profile.chunked_prefill_tokens - batch * (k + 1), 1.0)
+    step = predict_step(
+        profile,
+        batch=batch,
+        k=k,
+        context_per_seq=est.context_per_seq,
+        prefill_per_step=chunk,
+        drafter_loaded=drafter_loaded,
+    ).total_s
+    return (est.waiting + 1.0) * prompt / chunk * step * est.step_correction
+
+
 def _predict(
     est: Estimate,
     profile: Profile,
@@ -127,6 +168,7 @@ def _predict(
     min_share: float,
     *,
     drafter_loaded: bool,
+    ttft_target: float | None = None,
     excluded_by: str = "",
 ) -> Candidate:
     batch = max(est.batch, 1.0)
@@ -144,6 +186,7 @@ def _predict(
     step = raw.total_s * c
     tpot = step / al
     slowest = tpot / slowest_al_ratio(profile, est.class_mix, k, est.context_per_seq, min_share=min_share)
+    ttft = predict_prefill_s(est, profile, k, drafter_loaded=drafter_loaded)
     return Candidate(
         k=k,
         step_s=step,
@@ -155,6 +198,8 @@ def _predict(
         feasible=target is None or slowest <= target,
         allowed=allowed,
         tpot_slowest_s=slowest if slowest != tpot else None,
+        ttft_s=ttft,
+        ttft_ok=ttft_target is None or ttft is None or ttft <= ttft_target,
         excluded_by=excluded_by,
     )
 
@@ -185,9 +230,11 @@ def decide(
     config: PolicyConfig,
     full_speed: FullSpeed | None = None,
     drafter_loaded: bool = True,
+    ttft_target_s: float | None = None,
 ) -> Decision:
     """Choose the k for one worker (pure: same inputs, same decision). ``full_speed``: what the worker advertises
-    (None: every k); ``drafter_loaded``: the worker was started with its drafter (every worker it shifts is)."""
+    (None: every k); ``drafter_loaded``: the worker was started with its drafter (every worker it shifts is);
+    ``ttft_target_s``: the tightest TTFT target of its tiers, seconds (None: none)."""
     ks = sorted({k for k in config.k_tiers if k <= est.k_max} | {min(est.k_current, est.k_max)})
     risk, risk_text = _risk(est, config)
     margin = 1.0 - config.tpot_margin
@@ -195,17 +242,31 @@ def decide(
     def target_for(k: int) -> float | None:
         return tpot_target_s * margin if tpot_target_s is not None and k > est.k_current else tpot_target_s
 
+    def ttft_for(k: int) -> float | None:
+        return ttft_target_s * margin if ttft_target_s is not None and k > est.k_current else ttft_target_s
+
     share = config.class_min_share
     cands = tuple(
         _predict(
             est, profile, k, target_for(k), _allowed(k, est, risk), share,
-            drafter_loaded=drafter_loaded, excluded_by=excluded_reason(k, full_speed, est.batch),
+            drafter_loaded=drafter_loaded, ttft_target=ttft_for(k),
+            excluded_by=excluded_reason(k, full_speed, est.batch),
         )
         for k in ks
     )  # fmt: skip
     allowed = [c for c in cands if c.allowed and c.full_speed] or [c for c in cands if c.allowed]
     feasible = [c for c in allowed if c.feasible]
     overloaded = not feasible
+    ttft_text = ""
+    if feasible and ttft_target_s is not None:
+        prompt_ok = [c for c in feasible if c.ttft_ok]
+        if prompt_ok and len(prompt_ok) < len(feasible):
+            dropped = ", ".join(str(c.k) for c in feasible if not c.ttft_ok)
+            ttft_text = f"TTFT target {ttft_target_s:.1f} s rules out k={dropped}"
+            allowed = [c for c in allowed if c.ttft_ok]
+            feasible = prompt_ok
+        elif not prompt_ok:
+            ttft_text = f"no k meets the TTFT target {ttft_target_s:.1f} s: set aside"
     if feasible:
         fastest = min(c.tpot_worst_s for c in allowed)
         near = [c for c in allowed if c.tpot_worst_s <= fastest * (1 + config.overload_tpot_tolerance)]
@@ -216,6 +277,9 @@ def decide(
     gain = best.goodput_tok_s / current.goodput_tok_s - 1 if current.goodput_tok_s > 0 else 0.0
     if risk is Risk.NONE and not current.feasible and best.feasible:
         risk, risk_text = Risk.SLA, f"TPOT at k={current.k} {current.tpot_worst_s * 1e3:.1f} ms misses the target"
+    elif risk is Risk.NONE and current.feasible and not current.ttft_ok and best.ttft_ok and current.ttft_s:
+        risk, risk_text = Risk.SLA, f"prefill at k={current.k} {current.ttft_s:.2f} s misses the TTFT target"
+    risk_text = "; ".join(t for t in (risk_text, ttft_text) if t)
     return Decision(
         worker_id=est.worker_id,
         k=best.k,

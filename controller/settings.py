@@ -11,7 +11,9 @@ from typing import Annotated, Self
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from controller.drafter_free import DrafterFreeConfig
 from controller.estimator import EstimatorConfig
+from controller.placement import PlacementConfig
 from controller.policy import PolicyConfig
 from controller.stabiliser import StabiliserConfig
 from fleet.config import CommonSettings, exposure, refuse_dev_secrets
@@ -54,6 +56,11 @@ class ControllerSettings(CommonSettings):
     policy: PolicyConfig = PolicyConfig()
     stabiliser: StabiliserConfig = StabiliserConfig()
     estimator: EstimatorConfig = EstimatorConfig()
+    placement: PlacementConfig = PlacementConfig()
+    """Fleet placement's planning loop (``controller.placement``)."""
+    drafter_free: DrafterFreeConfig = DrafterFreeConfig()
+    """The drafter-free gear (``controller.drafter_free``, ``controller.gear_mode``): off unless
+    ``GEARSHIFT_DRAFTER_FREE__ENABLED=true``."""
 
     @model_validator(mode="after")
     def _check_secrets(self) -> Self:

@@ -59,6 +59,8 @@ class ActionKind(StrEnum):
     PROBE = "probe"
     PROBE_END = "probe-end"
     STALE_DEFAULT = "stale-default"
+    PLAN = "plan"
+    """The fleet plan's pool gear (``controller.placement.obey_pool``)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,12 +38,28 @@ class DrafterConfig(_Strict):
     """Drafter weights (path or repo id) for model-based methods; None for ``ngram``."""
 
 
+class PricingConfig(_Strict):
+    """Prompt-token prices a model's requests pay on top of the work they cost (``gateway.metering``)."""
+
+    prompt_usd_per_mtok: Annotated[float, Field(ge=0)] = 0.0
+    """USD per million prompt tokens the worker prefilled; 0 charges the work cost alone."""
+    cached_prompt_discount: Annotated[float, Field(ge=0, le=1)] = 0.0
+    """Share of the prompt price taken off for tokens served from the worker's prefix cache
+    (``prompt_tokens_details.cached_tokens``): 0.9 charges them a tenth of the prompt price."""
+
+    @property
+    def cached_prompt_usd_per_mtok(self) -> float:
+        """USD per million cached prompt tokens."""
+        return self.prompt_usd_per_mtok * (1.0 - self.cached_prompt_discount)
+
+
 class ModelConfig(_Strict):
     name: str
     """The model name clients send and workers serve."""
     profile: str = "kimi-k3-dspark-tp16"
     """Performance profile (step time, acceptance) used by the simulator and the controller."""
     context_window: Annotated[int, Field(gt=0)] = 1_000_000
+    pricing: PricingConfig = PricingConfig()
 
 
 class WorkerKind(StrEnum):
@@ -65,6 +81,23 @@ class WorkerConfig(_Strict):
     tensor_parallel_size: Annotated[int, Field(gt=0)] = 16
     extra_args: tuple[str, ...] = ()
     """Further ``vllm serve`` arguments for real workers."""
+    restart_url: Annotated[str, Field(pattern=r"^https?://")] | None = None
+    """Where the worker's restart control listens (``fleet.restart``): the vLLM supervisor's address; None: the
+    worker's own ``url`` (the simulated worker serves it there)."""
+    allow_drafter_free: bool = True
+    """The operator's per-worker switch: False keeps this worker in the mode it was started in (the controller
+    never takes it to the drafter-free gear or back; the fleet-wide switch is ``GEARSHIFT_DRAFTER_FREE__ENABLED``)."""
+    tool_call_parser: str | None = None
+    """Real workers: vLLM's ``--tool-call-parser`` (``kimi_k3`` for Kimi K3); set, the launcher also passes
+    ``--enable-auto-tool-choice`` so ``tool_choice: "auto"`` works. None: named and required tool choice only."""
+    reasoning_parser: str | None = None
+    """Real workers: vLLM's ``--reasoning-parser`` (``kimi_k3`` for Kimi K3), which splits the reasoning from the
+    answer (the message's ``reasoning`` field)."""
+
+    @property
+    def restart_base_url(self) -> str:
+        """Where the controller asks for a restart (``restart_url``, else ``url``)."""
+        return self.restart_url or self.url
 
     @property
     def usd_per_second(self) -> float:
@@ -134,7 +167,12 @@ class TenantConfig(_Strict):
     tpm: Annotated[int, Field(gt=0)] | None = None
     max_concurrency: Annotated[int, Field(gt=0)] | None = None
     budget_usd: Annotated[float, Field(ge=0)] | None = None
+    suspended: bool = False
+    """A suspended tenant's keys still authenticate, and each of its requests is refused (403 ``tenant_suspended``)."""
     keys: tuple[ApiKeyConfig, ...] = ()
+    workload: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")] | None = None
+    """The workload of this tenant's requests that send no ``x-gearshift-workload`` header (``chat``, ``maths``
+    …): with the tier, the request's traffic class in the fleet plan (``fleet.plan``). None: ``default``."""
 
     def allows(self, model: str) -> bool:
         return "*" in self.models or model in self.models
@@ -273,6 +311,10 @@ class CommonSettings(BaseSettings):
     redis_cluster: bool = False
     """``GEARSHIFT_REDIS_URL`` is a Redis Cluster node: use the cluster client (checked against the server at start)."""
     key_prefix: str = "gearshift:"
+    redis_wait_replicas: Annotated[int, Field(ge=0)] = 0
+    """A usage record counts as stored once this many replicas of its Redis master have it (``WAIT``); until then
+    the gateway keeps it in its spool. 0 trusts the master's acknowledgement (a failover can lose what it had not
+    replicated)."""
     key_pepper: SecretStr = SecretStr(DEV_SECRETS["key_pepper"])
     """Secret key of the API-key digests. Change it in production."""
     control_token: SecretStr = SecretStr(DEV_SECRETS["control_token"])

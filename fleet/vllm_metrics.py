@@ -29,6 +29,11 @@ KV_CACHE_USAGE_PERC: Final = "vllm:kv_cache_usage_perc"
 NUM_PREEMPTIONS: Final = "vllm:num_preemptions"
 GENERATION_TOKENS: Final = "vllm:generation_tokens"
 PROMPT_TOKENS: Final = "vllm:prompt_tokens"
+# Prefix caching (counters, tokens): queried and found cached at each request's first scheduling, and the cached
+# prompt tokens counted with ``vllm:prompt_tokens`` (vLLM 0.32 ``v1/metrics/loggers.py``).
+PREFIX_CACHE_QUERIES: Final = "vllm:prefix_cache_queries"
+PREFIX_CACHE_HITS: Final = "vllm:prefix_cache_hits"
+PROMPT_TOKENS_CACHED: Final = "vllm:prompt_tokens_cached"
 
 # Histograms.
 ITERATION_TOKENS: Final = "vllm:iteration_tokens_total"  # a histogram whose family name ends in _total

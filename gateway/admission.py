@@ -1,26 +1,29 @@
 """Admission: a tenant's limits as store limits, checked and reserved in one ``Store.admit`` call and
-reconciled in one ``Store.settle`` call after the response.
+reconciled in one ``Store.settle`` after the response (batched with others, ``Store.settle_many``).
 
 Keys (the store adds its own prefix): ``rpm:<tenant>`` and ``tpm:<tenant>`` (rolling 60 s windows, requests
-and tokens), ``concurrency:<tenant>`` (slots, one per in-flight request), ``spend:<tenant>`` (USD, all time).
+and tokens), ``concurrency:<tenant>`` (slots, one per in-flight request), ``spend:<tenant>`` (USD, all time, added by
+the ledger with each usage record, so spend is billed exactly once, with the record).
 The TPM window reserves the estimated tokens (prompt estimate + completion allowance) up front; ``settle``
 corrects it by ``real − estimated`` so the window holds what was actually used.
 
 When the shared store fails (a Redis outage), ``store_failure_mode`` decides: ``closed`` refuses with 503;
 ``open`` (the default) keeps serving and enforces each limit × ``local_limit_share`` in a store local to this
-process (with N replicas, a share of 1/N keeps the fleet-wide limit), settling those requests there too.
+process (with N replicas, a share of 1/N keeps the fleet-wide limit), settling those requests there too (their
+spend counts locally until their usage records reach the store).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
 from fleet.clock import Clock
 from fleet.config import TenantConfig
+from fleet.store.keys import spend_key
 from fleet.store.memory import MemoryStore
-from fleet.store.protocol import Admission, BudgetLimit, Limit, SlotLimit, Store, WindowLimit
+from fleet.store.protocol import Admission, BudgetLimit, Limit, Settlement, SlotLimit, Store, UsageRecord, WindowLimit
 from gateway.errors import BudgetExceeded, RateLimited, StoreUnavailable
 from gateway.metrics import GatewayMetrics
 
@@ -33,6 +36,7 @@ class Ticket:
     """What one admitted request holds; ``settle`` returns it."""
 
     tenant: str
+    request_id: str
     reserved_tokens: int
     tpm: WindowLimit | None
     slot: SlotLimit | None
@@ -56,10 +60,13 @@ def tenant_limits(tenant: TenantConfig, *, request_id: str, tokens: int) -> tupl
     if tenant.max_concurrency is not None:
         slot = SlotLimit(key=f"concurrency:{tenant.id}", slot_id=request_id, limit=tenant.max_concurrency)
         limits.append(slot)
-    budget_key = f"spend:{tenant.id}"
+    budget_key = spend_key(tenant.id)
     if tenant.budget_usd is not None:
         limits.append(BudgetLimit(key=budget_key, limit_usd=tenant.budget_usd))
-    return limits, Ticket(tenant=tenant.id, reserved_tokens=tokens, tpm=tpm, slot=slot, budget_key=budget_key)
+    ticket = Ticket(
+        tenant=tenant.id, request_id=request_id, reserved_tokens=tokens, tpm=tpm, slot=slot, budget_key=budget_key
+    )
+    return limits, ticket
 
 
 _REASON_OF_PREFIX = {"rpm": "rpm", "tpm": "tpm", "concurrency": "concurrency", "spend": "budget"}
@@ -81,7 +88,16 @@ def _constant(value: float) -> Callable[[], float]:
 
 
 class Admitter:
-    """Admits and settles requests against the shared store (or, in an outage, the local fallback)."""
+    """Admits and settles requests against the shared store (or, in an outage, the local fallback).
+
+    **Local accounting until the store lands.** A finished request's slot counts as free on this replica at once
+    (``finish``), and its cost as spent: the next ``admit`` of the same tenant frees those slots in the store
+    first (``SlotLimit.releasing``) and counts that cost (``BudgetLimit.pending_usd``), so a sequential client at
+    its concurrency limit whose next request reaches this replica is never refused for its own finished request.
+    The settlement itself goes to the store after the response (``gateway.metering.LedgerWriter``). Another
+    replica sees the slot held until that settlement lands; a concurrency refusal is therefore retried once after
+    ``concurrency_grace_s``, so across replicas a client is refused for its own finished request only when the
+    settlement took longer than the grace to land after the response ended."""
 
     def __init__(
         self,
@@ -91,6 +107,7 @@ class Admitter:
         metrics: GatewayMetrics,
         failure_mode: Literal["open", "closed"] = "open",
         local_share: float | Callable[[], float] = 1.0,
+        concurrency_grace_s: float = 0.0,
     ) -> None:
         self._store = store
         self._clock = clock
@@ -98,7 +115,12 @@ class Admitter:
         self._failure_mode = failure_mode
         self._local_share = local_share if callable(local_share) else _constant(local_share)
         """The share of each limit enforced here during an outage (``gateway.replicas``: 1 / replicas)."""
+        self._grace_s = concurrency_grace_s
         self._local = MemoryStore(clock=clock)
+        self._releasing: dict[str, set[str]] = {}
+        """Concurrency key → slot ids of finished requests whose settlement has not reached the store yet."""
+        self._unbilled: dict[str, float] = {}
+        """Spend key → USD of finished requests whose usage record is not in the store yet."""
 
     async def admit(self, tenant: TenantConfig, *, request_id: str, tokens: int) -> Ticket:
         """Reserve every limit of ``tenant`` or raise ``RateLimited`` / ``BudgetExceeded`` naming the limit."""
@@ -107,6 +129,10 @@ class Admitter:
             return ticket
         ticket.admitted_at = self._clock.wall()
         result = await self._admit(limits, ticket)
+        if not result.allowed and result.tripped == (ticket.slot.key if ticket.slot else None) and self._grace_s > 0:
+            await self._clock.sleep(self._grace_s)  # another replica's settlement of a finished request may land
+            ticket.admitted_at = self._clock.wall()
+            result = await self._admit(limits, ticket)
         if result.allowed:
             return ticket
         reason = reason_of(result.tripped or "")
@@ -123,12 +149,18 @@ class Admitter:
         )
 
     async def _admit(self, limits: list[Limit], ticket: Ticket) -> Admission:
+        limits = [self._with_local_accounting(limit) for limit in limits]
         try:
-            return await self._store.admit(limits, now=ticket.admitted_at)
+            result = await self._store.admit(limits, now=ticket.admitted_at)
         except Exception as exc:  # the shared store is away: apply the configured failure mode
             self._metrics.child(self._metrics.store_failures, "admit").inc()
             if self._failure_mode == "closed":
                 raise StoreUnavailable(f"Admission is unavailable: the shared store failed ({exc!r}).") from None
+        else:
+            for limit in limits:  # the store has freed them
+                if isinstance(limit, SlotLimit):
+                    self._released(limit.key, limit.releasing)
+            return result
         ticket.local = True
         share = self._local_share()
         if ticket.tpm is not None:
@@ -136,28 +168,57 @@ class Admitter:
         local = [_scaled(limit, share) for limit in limits]
         return await self._local.admit(local, now=ticket.admitted_at)
 
-    async def settle(self, ticket: Ticket, *, used_tokens: int, cost_usd: float) -> None:
-        """Reconcile the TPM reservation with ``used_tokens``, release the slot, add ``cost_usd``. Idempotent
-        once it succeeds (a failed settle can be retried)."""
+    def _with_local_accounting(self, limit: Limit) -> Limit:
+        if isinstance(limit, SlotLimit) and self._releasing.get(limit.key):
+            return replace(limit, releasing=tuple(self._releasing[limit.key]))
+        if isinstance(limit, BudgetLimit) and limit.key in self._unbilled:
+            return replace(limit, pending_usd=self._unbilled[limit.key])
+        return limit
+
+    async def finish(self, ticket: Ticket, *, used_tokens: int, cost_usd: float) -> Settlement | None:
+        """The request is over: its slot is free and its ``cost_usd`` spent as far as this replica's admissions go,
+        at once. Returns the settlement for the shared store (reconcile the TPM reservation with ``used_tokens``,
+        release the slot), to apply after the response (``settle_landed`` once it has); None when there is
+        nothing to send (a fallback ticket settles locally here). Idempotent: a second call returns None."""
         if ticket.settled:
-            return
-        windows = []
-        if ticket.tpm is not None and used_tokens != ticket.reserved_tokens:
-            windows.append(
-                WindowLimit(
-                    key=ticket.tpm.key,
-                    cost=used_tokens - ticket.reserved_tokens,
-                    limit=ticket.tpm.limit,
-                    reserved_at=ticket.admitted_at,
-                )
-            )
-        slots = [ticket.slot] if ticket.slot is not None else []
-        spend = {ticket.budget_key: cost_usd} if ticket.budget_key and cost_usd > 0 else {}
-        if windows or slots or spend:
-            store = self._local if ticket.local else self._store
-            try:
-                await store.settle(windows=windows, slots=slots, spend=spend, now=self._clock.wall())
-            except Exception:
-                self._metrics.child(self._metrics.store_failures, "settle").inc()
-                raise
+            return None
         ticket.settled = True
+        if ticket.budget_key and cost_usd > 0:
+            self._unbilled[ticket.budget_key] = self._unbilled.get(ticket.budget_key, 0.0) + cost_usd
+        windows: tuple[WindowLimit, ...] = ()
+        if ticket.tpm is not None and used_tokens != ticket.reserved_tokens:
+            correction = used_tokens - ticket.reserved_tokens
+            windows = (replace(ticket.tpm, cost=correction, reserved_at=ticket.admitted_at),)
+        slots = (ticket.slot,) if ticket.slot is not None else ()
+        if not (windows or slots):
+            return None
+        settlement = Settlement(settle_id=ticket.request_id, windows=windows, slots=slots)
+        if ticket.local:
+            await self._local.settle_many([settlement], now=self._clock.wall())
+            return None
+        if ticket.slot is not None:
+            self._releasing.setdefault(ticket.slot.key, set()).add(ticket.slot.slot_id)
+        return settlement
+
+    def settle_landed(self, settlements: Sequence[Settlement]) -> None:
+        """The store has applied ``settlements``: their slots need no local accounting any more."""
+        for s in settlements:
+            for slot in s.slots:
+                self._released(slot.key, (slot.slot_id,))
+
+    def _released(self, key: str, slot_ids: Sequence[str]) -> None:
+        held = self._releasing.get(key)
+        if held is not None:
+            held.difference_update(slot_ids)
+            if not held:
+                del self._releasing[key]
+
+    def usage_landed(self, records: Sequence[UsageRecord]) -> None:
+        """The store's ledger has ``records`` (and their spend): stop counting their cost locally."""
+        for r in records:
+            key = spend_key(r.tenant)
+            left = self._unbilled.get(key, 0.0) - r.cost_usd
+            if left > 1e-12:
+                self._unbilled[key] = left
+            else:
+                self._unbilled.pop(key, None)

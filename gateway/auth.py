@@ -16,7 +16,7 @@ from fleet import bearer
 from fleet.clock import Clock
 from fleet.config import TenantConfig, TenantsConfig, TierConfig, key_digest
 from fleet.store.protocol import Store
-from gateway.errors import AuthenticationFailed, StoreUnavailable
+from gateway.errors import AuthenticationFailed, StoreUnavailable, TenantSuspended
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,16 +53,20 @@ class KeyRing:
         cache_ttl_s: float,
         cache_size: int = 4096,
     ) -> None:
-        self._tenants = tenants
         self._store = store
         self._pepper = pepper
         self._clock = clock
         self._ttl = cache_ttl_s
         self._size = cache_size
-        self._static: dict[str, tuple[str, str]] = {k.digest: (t.id, k.id) for t in tenants.tenants for k in t.keys}
         self._cache: OrderedDict[str, tuple[float, tuple[str, str] | None]] = OrderedDict()
+        self.use(tenants)
+
+    def use(self, tenants: TenantsConfig) -> None:
+        """Serve ``tenants`` from now on (the tenants in force changed at run time: ``gateway.tenant_book``)."""
+        self._tenants = tenants
+        self._static: dict[str, tuple[str, str]] = {k.digest: (t.id, k.id) for t in tenants.tenants for k in t.keys}
         self._principals: dict[tuple[str, str], Principal] = {}
-        """Built once per key: the tenants file is fixed for this ring's life (and the set of keys is bounded)."""
+        """Built once per key while these tenants are in force (the set of keys is bounded)."""
 
     def digest(self, secret: str) -> str:
         return key_digest(secret, pepper=self._pepper)
@@ -74,6 +78,10 @@ class KeyRing:
         tenant = self._tenants.tenant(tenant_id)
         if tenant is None:
             raise AuthenticationFailed("This API key belongs to a tenant that no longer exists.")
+        if tenant.suspended:
+            raise TenantSuspended(
+                f"Tenant '{tenant_id}' is suspended: its requests are refused until an operator resumes it."
+            )
         found = Principal(tenant=tenant, tier_name=tenant.tier, tier=self._tenants.tiers[tenant.tier], key_id=key_id)
         self._principals[(tenant_id, key_id)] = found
         return found

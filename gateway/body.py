@@ -1,9 +1,13 @@
 """Reading and rewriting a completion request body.
 
 The body is parsed once with orjson; only ``model``, ``stream``, ``stream_options``, ``max_tokens`` /
-``max_completion_tokens``, ``n`` / ``best_of``, the prompt texts (for the token estimate) and ``priority`` are
+``max_completion_tokens``, ``n`` / ``best_of``, the prompt (for the token estimate) and ``priority`` are
 read or changed. Every other field passes to the worker untouched. No pydantic model of the whole body is built
 on the hot path. The request's token estimates are made once, when it is parsed (``BodyRules``).
+
+The prompt estimate counts what the worker's chat template renders: message texts, the ``tools`` schemas and
+earlier tool calls (an assistant message's ``tool_calls`` and the ``tool`` messages' results) as their JSON
+characters, and each image part (``image_url``, ``input_image``, ``image``) as ``tokens_per_image``.
 """
 
 from __future__ import annotations
@@ -30,6 +34,10 @@ class BodyRules:
     chars_per_token: float = 4.0
     tokens_per_message: int = 4
     """Chat-template tokens per message (and as many again to prime the reply)."""
+    tokens_per_image: int = 1024
+    """Prompt tokens counted per image part. ASSUMED: a 1024×1024 image through a ViT of 14-pixel patches merged
+    2×2 (Kimi's MoonViT) is about 1 340 tokens, OpenAI's high-detail tiling about 765; over-reservation is
+    refunded after the worker's usage arrives."""
 
 
 DEFAULT_RULES = BodyRules()
@@ -49,7 +57,7 @@ class CompletionRequest:
     reads them)."""
     max_tokens: int | None
     prompt_parts: tuple[int, ...]
-    """Characters of each prompt text (one per chat message, or per completion prompt)."""
+    """Characters of each prompt text (one per chat message with its tool calls, or per completion prompt)."""
     chat: bool
     choices: int = 1
     """Sequences generated per prompt: the larger of ``n`` and ``best_of``."""
@@ -57,6 +65,11 @@ class CompletionRequest:
     """Estimated prompt tokens (the work the worker must prefill)."""
     reserved_tokens: int = 0
     """Tokens to reserve up front: ``prompt_tokens`` plus the completion allowance."""
+    max_tokens_field: str = "max_tokens"
+    """The body field that caps the completion (``max_output_tokens`` in the Responses API)."""
+    usage_options: bool = True
+    """Streams ask the worker for usage with ``stream_options`` (the Responses API has none: its last event
+    carries the usage)."""
 
     @property
     def prompt_chars(self) -> int:
@@ -67,7 +80,7 @@ class CompletionRequest:
         count (vLLM's ``continuous_usage_stats``) so a stream cut short is metered in tokens; the tier's priority
         set."""
         body = self.body
-        if self.stream:
+        if self.stream and self.usage_options:
             options = body.get("stream_options")
             body["stream_options"] = {
                 **(options if isinstance(options, dict) else {}),
@@ -108,28 +121,62 @@ def _prompt_parts(body: dict[str, Any], prompt_field: str, *, max_messages: int)
         raise InvalidRequest("'messages' is required: a non-empty list.", param="messages")
     if len(messages) > max_messages:
         raise InvalidRequest(f"'messages' has {len(messages)} entries; the limit is {max_messages}.", param="messages")
-    parts = []
-    for message in messages:
-        content = message.get("content") if isinstance(message, dict) else None
-        if isinstance(content, str):
-            parts.append(len(content))
-        elif isinstance(content, list):
-            parts.append(sum(len(str(part.get("text", ""))) for part in content if isinstance(part, dict)))
-        else:
-            parts.append(0)
-    return tuple(parts)
+    return tuple(_message_chars(m) for m in messages)
 
 
-def _estimate(
-    parts: tuple[int, ...], *, chat: bool, max_tokens: int | None, choices: int, rules: BodyRules
+IMAGE_PART_TYPES = frozenset({"image_url", "input_image", "image"})
+
+
+def _message_chars(message: object) -> int:
+    """Characters of a chat message: its text (a string or text parts) and its tool calls' JSON."""
+    if not isinstance(message, dict):
+        return 0
+    content, calls = message.get("content"), message.get("tool_calls")
+    chars = len(orjson.dumps(calls)) if calls else 0
+    if isinstance(content, str):
+        return chars + len(content)
+    if isinstance(content, list):
+        chars += sum(len(str(part.get("text", ""))) for part in content if isinstance(part, dict))
+    return chars
+
+
+def count_images(items: object) -> int:
+    """Image parts in a list of messages (or Responses API input items)."""
+    if not isinstance(items, list):
+        return 0
+    count = 0
+    for item in items:
+        content = item.get("content") if isinstance(item, dict) else None
+        if isinstance(content, list):
+            count += sum(1 for part in content if isinstance(part, dict) and part.get("type") in IMAGE_PART_TYPES)
+    return count
+
+
+def schema_chars(body: dict[str, Any]) -> int:
+    """Characters of the request's ``tools`` schemas as JSON (the chat template renders them into the prompt)."""
+    tools = body.get("tools")
+    return len(orjson.dumps(tools)) if isinstance(tools, list) and tools else 0
+
+
+def estimate(
+    parts: tuple[int, ...],
+    *,
+    chat: bool,
+    max_tokens: int | None,
+    choices: int,
+    rules: BodyRules,
+    images: int = 0,
+    schema: int = 0,
 ) -> tuple[int, int]:
     """The estimated prompt tokens and the tokens to reserve (prompt plus completion allowance). The prompt
     estimate is ``ceil(chars / chars_per_token)`` per text, plus, for a chat, ``tokens_per_message`` per message
-    and as many again to prime the reply (chat templates add about that much). The completion allowance is
-    ``max_tokens`` for every choice (``n``) of every prompt."""
+    and as many again to prime the reply (chat templates add about that much), ``ceil(schema /
+    chars_per_token)`` for ``schema`` characters of tool schemas and ``tokens_per_image`` per image. The
+    completion allowance is ``max_tokens`` for every choice (``n``) of every prompt."""
     prompt = sum(max(1, math.ceil(n / rules.chars_per_token)) for n in parts)
     if chat:
         prompt += rules.tokens_per_message * (len(parts) + 1)
+    prompt += math.ceil(schema / rules.chars_per_token) + images * rules.tokens_per_image
     completion = (max_tokens if max_tokens is not None else rules.default_max_tokens) * choices
     completion *= 1 if chat else len(parts)  # a list of prompts completes each one
     return prompt, prompt + completion
@@ -158,7 +205,10 @@ def parse_completion(raw: bytes, *, prompt_field: str, rules: BodyRules = DEFAUL
         raise InvalidRequest(f"'n' (or 'best_of') is {choices}; the limit is {rules.max_n}.", param="n")
     parts = _prompt_parts(body, prompt_field, max_messages=rules.max_messages)
     chat = prompt_field == "messages"
-    prompt_tokens, reserved = _estimate(parts, chat=chat, max_tokens=max_tokens, choices=choices, rules=rules)
+    prompt_tokens, reserved = estimate(
+        parts, chat=chat, max_tokens=max_tokens, choices=choices, rules=rules,
+        images=count_images(body.get("messages")) if chat else 0, schema=schema_chars(body) if chat else 0,
+    )  # fmt: skip
     return CompletionRequest(
         body=body,
         model=model,

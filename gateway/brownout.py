@@ -62,5 +62,5 @@ def cap_max_tokens(req: CompletionRequest, tier: TierConfig, *, default_max_toke
     req.reserved_tokens -= (asked - cap) * per_request
     req.max_tokens = cap
     req.body.pop("max_completion_tokens", None)
-    req.body["max_tokens"] = cap
+    req.body[req.max_tokens_field] = cap
     return True

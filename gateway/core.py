@@ -21,11 +21,14 @@ from gateway.body import BodyRules
 from gateway.metering import LedgerWriter
 from gateway.metrics import GatewayMetrics
 from gateway.overload import OverloadGate
+from gateway.placement import placement_filter
 from gateway.pool import WorkerPool
+from gateway.prefix import PrefixIndex, PrefixScorer
 from gateway.replicas import ReplicaRegistry
 from gateway.routing import Router, default_router, prefill_rates
 from gateway.settings import GatewaySettings
-from gateway.spool import Spool
+from gateway.spool import SettlementSpool, Spool
+from gateway.tenant_book import TenantBook
 from gateway.tracing import build_tracing
 from gateway.upstream import Upstream, new_session
 
@@ -51,7 +54,16 @@ class Gateway:
     body_rules: BodyRules
     replicas: ReplicaRegistry
     overload: OverloadGate
+    tenant_book: TenantBook
+    """The tenants file merged with the run-time changes; ``tenants`` is its set in force."""
+    prefix: PrefixIndex | None = None
+    """Which workers recently served which prompt blocks (``gateway.prefix``); None with prefix affinity off."""
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+    def use_tenants(self, tenants: TenantsConfig) -> None:
+        """Serve ``tenants`` from now on (the set in force changed at run time)."""
+        self.tenants = tenants
+        self.keys.use(tenants)
 
 
 @contextlib.asynccontextmanager
@@ -71,15 +83,32 @@ async def running_gateway(
     session = upstream_session or new_session(settings)
     tracing = build_tracing(settings, exporter=span_exporter)
     pool = WorkerPool(fleet=fleet, store=store, clock=clock, settings=settings, metrics=metrics)
+    prefix = PrefixIndex(ttl_s=settings.prefix_ttl_s, capacity=settings.prefix_index_blocks)
     await store.verify()  # a cluster node without GEARSHIFT_REDIS_CLUSTER (or the reverse) is refused here
-    spool = Spool(settings.spool_dir, max_bytes=settings.spool_max_bytes) if settings.spool_dir else None
-    ledger = LedgerWriter(store, clock=clock, metrics=metrics, spool=spool)
     replicas = ReplicaRegistry(
         store,
         clock=clock,
         floor=settings.gateway_replicas,
         cap=settings.local_limit_share,
         interval_s=settings.replica_heartbeat_s,
+    )
+    admitter = Admitter(
+        store,
+        clock=clock,
+        metrics=metrics,
+        failure_mode=settings.store_failure_mode,
+        local_share=replicas.share,
+        concurrency_grace_s=settings.concurrency_grace_s,
+    )
+    spool_dir = settings.spool_path()
+    ledger = LedgerWriter(
+        store,
+        clock=clock,
+        metrics=metrics,
+        spool=Spool(spool_dir, max_bytes=settings.spool_max_bytes) if spool_dir else None,
+        settle_spool=SettlementSpool(spool_dir, max_bytes=settings.spool_max_bytes) if spool_dir else None,
+        usage_landed=admitter.usage_landed,
+        settle_landed=admitter.settle_landed,
     )
     gw = Gateway(
         settings=settings,
@@ -95,13 +124,7 @@ async def running_gateway(
             clock=clock,
             cache_ttl_s=settings.key_cache_ttl_s,
         ),
-        admitter=Admitter(
-            store,
-            clock=clock,
-            metrics=metrics,
-            failure_mode=settings.store_failure_mode,
-            local_share=replicas.share,
-        ),
+        admitter=admitter,
         pool=pool,
         router=default_router(
             weight_queue=settings.weight_queue,
@@ -111,6 +134,13 @@ async def running_gateway(
             prefill_tokens_per_slot=settings.prefill_tokens_per_slot,
             prefill_rates=prefill_rates(fleet, override=settings.prefill_tokens_per_s),
             ttft_reference_s=settings.ttft_reference_s,
+            placement=placement_filter(fleet, tenants, metrics=metrics),
+            prefix=PrefixScorer(
+                prefix,
+                load_factor=settings.prefix_load_factor,
+                prefill_tokens_per_slot=settings.prefill_tokens_per_slot,
+            ),
+            weight_prefix=settings.weight_prefix,
             rng=rng,
         ),
         upstream=Upstream(session, pool=pool, settings=settings, metrics=metrics),
@@ -122,16 +152,21 @@ async def running_gateway(
             default_max_tokens=settings.default_max_tokens,
             chars_per_token=settings.chars_per_token,
             tokens_per_message=settings.tokens_per_message,
+            tokens_per_image=settings.tokens_per_image,
         ),
         overload=OverloadGate(pool, settings=settings, metrics=metrics, clock=clock),
         replicas=replicas,
+        tenant_book=TenantBook(tenants, store, on_change=lambda in_force: gw.use_tenants(in_force)),
+        prefix=prefix if settings.weight_prefix > 0 else None,
     )
+    await gw.tenant_book.load()
     ledger.start()
     gw.tasks = [
         asyncio.create_task(pool.run_loop("shared-state", pool.refresh_shared, settings.state_refresh_s)),
         asyncio.create_task(pool.run_loop("replicas", replicas.beat, settings.replica_heartbeat_s)),
         asyncio.create_task(pool.run_loop("health", lambda: pool.probe_health(session), settings.health_interval_s)),
         asyncio.create_task(pool.run_loop("overload", gw.overload.tick, settings.overload_tick_s)),
+        asyncio.create_task(pool.run_loop("tenants", gw.tenant_book.refresh, settings.tenants_refresh_s)),
     ]
     try:
         yield gw

@@ -81,6 +81,20 @@ class ModelNotAllowed(GatewayError):
     code = "model_not_allowed"
 
 
+class TenantSuspended(GatewayError):
+    """The key is valid and its tenant is suspended (``PATCH /admin/v1/tenants/{id}`` with ``suspended``)."""
+
+    status = 403
+    type = "permission_error"
+    code = "tenant_suspended"
+
+
+class Conflict(GatewayError):
+    status = 409
+    type = "conflict_error"
+    code = "already_exists"
+
+
 class NotFound(GatewayError):
     status = 404
     type = "not_found_error"

@@ -13,6 +13,11 @@ the worker costs ``usd_per_second = gpus × usd_per_gpu_hour / 3600``; a request
 for ``d`` seconds while ``n`` requests of this gateway were open on it is charged ``usd_per_second × d / n``
 (equivalently its tokens at the observed aggregate throughput ``n × tokens / d``). With several replicas
 each sees only its own share of the load, so this fallback overstates cost; the controller's figure does not.
+
+**Prompt prices.** On top of that work cost, a model's ``pricing`` (fleet file) charges
+``(prompt − cached) × prompt_usd_per_mtok / 1e6 + cached × prompt_usd_per_mtok × (1 − cached_prompt_discount) / 1e6``,
+``cached`` being the prompt tokens the worker served from its prefix cache (``prompt_tokens_details.cached_tokens``,
+recorded in ``UsageRecord.cached_tokens``). Both prices are 0 unless configured.
 """
 
 from __future__ import annotations
@@ -21,24 +26,40 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Generic, TypeVar
 
 from fleet.clock import Clock
-from fleet.store.protocol import Store, UsageRecord
+from fleet.config import PricingConfig
+from fleet.store.protocol import Settlement, Store, UsageRecord
 from gateway.metrics import GatewayMetrics
 from gateway.pool import WorkerView
-from gateway.spool import Spool
+from gateway.spool import JsonlSpool, SettlementSpool, Spool
 from gateway.sse import StreamMeter, Usage
 
 log = logging.getLogger(__name__)
 
 
-def request_cost(worker: WorkerView, *, completion_tokens: int, busy_s: float, concurrent: int) -> float:
+def request_cost(
+    worker: WorkerView,
+    *,
+    completion_tokens: int,
+    busy_s: float,
+    concurrent: int,
+    prompt_tokens: int = 0,
+    cached_tokens: int = 0,
+    pricing: PricingConfig | None = None,
+) -> float:
     """USD charged for one request (see the module docstring for the method)."""
+    prompt_usd = 0.0
+    if pricing is not None:
+        cached = min(max(cached_tokens, 0), prompt_tokens)
+        prompt_usd = (prompt_tokens - cached) * pricing.prompt_usd_per_mtok / 1e6
+        prompt_usd += cached * pricing.cached_prompt_usd_per_mtok / 1e6
     state = worker.state
     if state is not None and state.usd_per_mtok is not None:
-        return completion_tokens * state.usd_per_mtok / 1e6
-    return worker.config.usd_per_second * max(busy_s, 0.0) / max(concurrent, 1)
+        return completion_tokens * state.usd_per_mtok / 1e6 + prompt_usd
+    return worker.config.usd_per_second * max(busy_s, 0.0) / max(concurrent, 1) + prompt_usd
 
 
 def usage_record(
@@ -55,6 +76,8 @@ def usage_record(
     wall: float,
     now: float,
     tier: str | None = None,
+    workload: str | None = None,
+    pricing: PricingConfig | None = None,
 ) -> UsageRecord:
     """The record of one finished request (``status``: ok, error or cancelled) that kept ``worker`` busy for
     ``busy_s`` seconds; ``arrived_at`` is the clock's monotonic time of its arrival, ``now`` the monotonic time
@@ -67,7 +90,11 @@ def usage_record(
         ttft = stream.first_token_at - arrived_at
         if completion > 1 and stream.last_token_at is not None:
             tpot = (stream.last_token_at - stream.first_token_at) / (completion - 1)
-    cost = request_cost(worker, completion_tokens=completion, busy_s=busy_s, concurrent=worker.in_flight)
+    cached = usage.cached_tokens if usage else 0  # a stream cut short before its usage chunk: none known
+    cost = request_cost(
+        worker, completion_tokens=completion, busy_s=busy_s, concurrent=worker.in_flight,
+        prompt_tokens=prompt, cached_tokens=cached, pricing=pricing,
+    )  # fmt: skip
     return UsageRecord(
         request_id=request_id,
         tenant=tenant,
@@ -82,24 +109,144 @@ def usage_record(
         at=wall,
         arrived_at=wall - (now - arrived_at),
         tier=tier,
+        workload=workload,
+        cached_tokens=cached,
     )
 
 
-Job = Callable[[], Awaitable[None]]
 MAX_BATCH = 256
-"""Most usage records written in one ``append_usage_many`` round trip."""
+"""Most usage records (or settlements) written in one store round trip."""
+T = TypeVar("T")
+
+
+class _Lane(Generic[T]):
+    """One kind of write (usage records, or settlements) on its way to the store: queued, written in batches of up
+    to ``MAX_BATCH`` by ``write``, and, while the store is away, durably spooled (``spool``) and replayed in order by
+    ``replay``; without a spool (or when it is full) a failed batch is retried in memory. ``landed`` hears every
+    batch the store has taken."""
+
+    def __init__(
+        self,
+        name: str,
+        writer: LedgerWriter,
+        *,
+        write: Callable[[list[T]], Awaitable[None]],
+        spool: JsonlSpool[T] | None,
+        landed: Callable[[Sequence[T]], None],
+    ) -> None:
+        self.name, self._w, self._write, self.spool, self._landed = name, writer, write, spool, landed
+        self.queue: asyncio.Queue[T] = asyncio.Queue()
+        self.writing: list[T] = []
+        """The batch being written now (``close`` spools it if the writer is stopped mid-write)."""
+        self._spooled = asyncio.Event()
+        """Set when entries were spooled, to wake the replay task."""
+        self.drained = asyncio.Event()
+        """Set while the spool holds nothing the store lacks."""
+        if spool is None or not spool.has_pending():
+            self.drained.set()
+
+    def tasks(self) -> list[asyncio.Task[None]]:
+        tasks = [asyncio.create_task(self._run(), name=f"gateway-{self.name}")]
+        if self.spool is not None:
+            tasks.append(asyncio.create_task(self._replay(self.spool), name=f"gateway-{self.name}-spool"))
+            self._spooled.set()  # a previous process may have left entries in it
+        return tasks
+
+    async def _run(self) -> None:
+        while True:
+            batch = [await self.queue.get()]
+            while len(batch) < MAX_BATCH and not self.queue.empty():
+                batch.append(self.queue.get_nowait())
+            self.writing = batch
+            await self._put(batch)
+            self.writing = []
+            for _ in batch:
+                self.queue.task_done()
+            self._w.backlog()
+
+    async def _put(self, batch: list[T]) -> None:
+        spool = self.spool
+        if spool is None or not spool.has_pending():  # with entries spooled, new ones queue behind them
+            try:
+                await self._write(batch)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the store is away: the spool keeps them
+                self._w.failed(self.name, exc)
+            else:
+                self._w.store_back()
+                self._landed(batch)
+                return
+        if spool is not None and self.spool_now(batch):
+            return
+        await self._w.until_done(functools.partial(self._write, batch), self.name)
+        self._landed(batch)
+
+    def spool_now(self, batch: list[T]) -> bool:
+        """Durably spool ``batch``; False (alarm logged once, metric set) without a spool or when it is full."""
+        spool = self.spool
+        if spool is None:
+            return False
+        was_full = spool.full
+        if spool.append(batch):
+            self.drained.clear()
+            self._spooled.set()
+            self._w.spool_metrics()
+            return True
+        if not was_full:
+            log.error("%s spool is full (%d bytes): entries now wait in memory", self.name, spool.size_bytes())
+        self._w.spool_metrics()
+        return False
+
+    def spool_rest(self) -> int:
+        """At shutdown: spool what is still in memory; return how many entries could not be (lost)."""
+        left = self.writing + [self.queue.get_nowait() for _ in range(self.queue.qsize())]
+        if left and self.spool_now(left):
+            log.warning("%d %s entries spooled at shutdown, replayed at the next start", len(left), self.name)
+            return 0
+        return len(left)
+
+    async def _replay(self, spool: JsonlSpool[T]) -> None:
+        """Put spooled entries into the store, oldest first, as soon as it takes them."""
+        delay = self._w.retry_s
+        while True:
+            if not spool.has_pending():
+                self._spooled.clear()
+                self.drained.set()
+                self._w.spool_metrics()
+                await self._spooled.wait()
+                continue
+            batch, end = spool.pending(MAX_BATCH)
+            try:
+                await self._write(batch)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # still away: try again later, the entries stay spooled
+                self._w.failed(f"{self.name}-spool", exc)
+                await self._w.clock.sleep(delay)
+                delay = min(delay * 2, 10.0)
+                continue
+            spool.commit(end)
+            self._w.store_back()
+            self._landed(batch)
+            delay = self._w.retry_s
+
+
+def _ignore(_: Sequence[object]) -> None:
+    return None
 
 
 class LedgerWriter:
-    """Writes usage records to the ledger and runs the settlements the response path could not await, in the
-    background. Records queued back to back go to the store together (one ``append_usage_many`` round trip).
+    """Writes usage records to the ledger and settlements (TPM corrections, slot releases) to the limits, in the
+    background, so no response waits on the store. Entries queued back to back go together: one
+    ``append_usage_many`` round trip per tenant, one pipelined ``settle_many``.
 
-    With a ``spool``, records the store cannot take are appended to it (durable on disk) and replayed in order,
-    once each, by a replay task when the store is back; a new record waits behind spooled ones, so the ledger
-    sees them in order. Without one (or when it is full: the alarm is logged and the metric set), they are
-    retried in memory. Settlements (window refunds, slot releases, spend) are retried in memory on their own
-    task, so a failing one never holds records back from the spool. ``close`` drains what is queued and spools
-    the records still in memory."""
+    With spools (``spool`` for records, ``settle_spool`` for settlements), what the store cannot take is appended
+    to them (durable on disk) and replayed in order, once each, by a replay task when the store is back; a new
+    entry waits behind spooled ones, so the store sees them in order. Without one (or when it is full: the alarm is
+    logged and the metric set), they are retried in memory. ``usage_landed`` and ``settle_landed`` hear what the
+    store has taken (the admitter's local accounting). ``close`` drains what is queued and spools what is still in
+    memory."""
 
     def __init__(
         self,
@@ -108,160 +255,99 @@ class LedgerWriter:
         clock: Clock,
         metrics: GatewayMetrics,
         spool: Spool | None = None,
+        settle_spool: SettlementSpool | None = None,
         retry_s: float = 0.5,
+        usage_landed: Callable[[Sequence[UsageRecord]], None] = _ignore,
+        settle_landed: Callable[[Sequence[Settlement]], None] = _ignore,
     ) -> None:
-        self._store = store
-        self._clock = clock
+        self.clock = clock
+        self.retry_s = retry_s
         self._metrics = metrics
-        self._spool = spool
-        self._retry_s = retry_s
-        self._records: asyncio.Queue[UsageRecord] = asyncio.Queue()
-        self._jobs: asyncio.Queue[Job] = asyncio.Queue()
-        self._spooled = asyncio.Event()
-        """Set when records were spooled, to wake the replay task."""
+
+        async def settle_many(batch: list[Settlement]) -> None:
+            await store.settle_many(batch, now=clock.wall())
+
+        self._records: _Lane[UsageRecord] = _Lane(
+            "ledger", self, write=store.append_usage_many, spool=spool, landed=usage_landed
+        )
+        self._settles: _Lane[Settlement] = _Lane(
+            "settle", self, write=settle_many, spool=settle_spool, landed=settle_landed
+        )
         self._tasks: list[asyncio.Task[None]] = []
 
     def start(self) -> None:
-        self._tasks = [
-            asyncio.create_task(self._run_records(), name="gateway-ledger"),
-            asyncio.create_task(self._run_jobs(), name="gateway-settle"),
-        ]
-        if self._spool is not None:
-            self._tasks.append(asyncio.create_task(self._replay(self._spool), name="gateway-spool"))
-            self._spooled.set()  # a previous process may have left records in it
+        self._tasks = self._records.tasks() + self._settles.tasks()
 
     def append(self, record: UsageRecord) -> None:
-        self._records.put_nowait(record)
-        self._backlog()
+        self._records.queue.put_nowait(record)
+        self.backlog()
 
-    def submit(self, job: Job) -> None:
-        self._jobs.put_nowait(job)
-        self._backlog()
+    def settle(self, settlement: Settlement) -> None:
+        self._settles.queue.put_nowait(settlement)
+        self.backlog()
 
     async def idle(self) -> None:
-        """Wait until every queued record is in the store or the spool and every queued job has run."""
-        await self._records.join()
-        await self._jobs.join()
+        """Wait until every queued record and settlement is in the store or a spool."""
+        await self._records.queue.join()
+        await self._settles.queue.join()
 
     def spool_detail(self) -> dict[str, int]:
-        """``spool_bytes`` (usage waiting in the spool) when there is a spool, else nothing."""
-        return {} if self._spool is None else {"spool_bytes": self._spool.size_bytes()}
+        """``spool_bytes`` (usage and settlements waiting in the spools) when there are spools, else nothing."""
+        spools = self._spools()
+        return {"spool_bytes": sum(s.size_bytes() for s in spools)} if spools else {}
 
-    def _backlog(self) -> None:
-        self._metrics.ledger_backlog.set(self._records.qsize() + self._jobs.qsize())
+    def _spools(self) -> list[JsonlSpool[UsageRecord] | JsonlSpool[Settlement]]:
+        return [s for s in (self._records.spool, self._settles.spool) if s is not None]
 
-    # records ---------------------------------------------------------------------------------------------
-    async def _run_records(self) -> None:
-        while True:
-            records = [await self._records.get()]
-            while len(records) < MAX_BATCH and not self._records.empty():
-                records.append(self._records.get_nowait())
-            await self._write(records)
-            for _ in records:
-                self._records.task_done()
-            self._backlog()
+    # shared by the lanes ---------------------------------------------------------------------------------
+    def backlog(self) -> None:
+        self._metrics.ledger_backlog.set(self._records.queue.qsize() + self._settles.queue.qsize())
 
-    async def _write(self, records: list[UsageRecord]) -> None:
-        spool = self._spool
-        if spool is None:
-            await self._until_done(functools.partial(self._store.append_usage_many, records))
-            return
-        if not spool.has_pending():
-            try:
-                await self._store.append_usage_many(records)
-                self._metrics.store_up.set(1)
-                return
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # the store is away: the spool keeps the records
-                self._failed("ledger", exc)
-        if self._spool_records(spool, records):
-            return
-        await self._until_done(functools.partial(self._store.append_usage_many, records))
+    def spool_metrics(self) -> None:
+        spools = self._spools()
+        self._metrics.spool_bytes.set(sum(s.size_bytes() for s in spools if s.has_pending()))
+        self._metrics.spool_full.set(1 if any(s.full for s in spools) else 0)
 
-    def _spool_records(self, spool: Spool, records: list[UsageRecord]) -> bool:
-        """Durably spool ``records``; False (alarm logged once, metric set) when the spool is full."""
-        was_full = spool.full
-        if spool.append(records):
-            self._spooled.set()
-            self._spool_metrics(spool)
-            return True
-        if not was_full:
-            log.error("usage spool is full (%d bytes): usage records now wait in memory", spool.size_bytes())
-        self._spool_metrics(spool)
-        return False
+    def store_back(self) -> None:
+        self._metrics.store_up.set(1)
 
-    async def _replay(self, spool: Spool) -> None:
-        """Put spooled records into the store, oldest first, as soon as it takes them."""
-        delay = self._retry_s
-        while True:
-            if not spool.has_pending():
-                self._spooled.clear()
-                self._spool_metrics(spool)
-                await self._spooled.wait()
-                continue
-            records, end = spool.pending(MAX_BATCH)
-            try:
-                await self._store.append_usage_many(records)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # still away: try again later, the records stay spooled
-                self._failed("spool", exc)
-                await self._clock.sleep(delay)
-                delay = min(delay * 2, 10.0)
-                continue
-            spool.commit(end)
-            self._metrics.store_up.set(1)
-            delay = self._retry_s
-
-    def _spool_metrics(self, spool: Spool) -> None:
-        self._metrics.spool_bytes.set(spool.size_bytes() if spool.has_pending() else 0)
-        self._metrics.spool_full.set(1 if spool.full else 0)
-
-    # settlements -----------------------------------------------------------------------------------------
-    async def _run_jobs(self) -> None:
-        while True:
-            job = await self._jobs.get()
-            await self._until_done(job)
-            self._jobs.task_done()
-            self._backlog()
-
-    async def _until_done(self, job: Job) -> None:
-        delay = self._retry_s
+    async def until_done(self, job: Callable[[], Awaitable[None]], loop: str) -> None:
+        delay = self.retry_s
         while True:
             try:
                 await job()
-                self._metrics.store_up.set(1)
+                self.store_back()
                 return
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # the store may be briefly away: keep the write and retry
-                self._failed("ledger", exc)
-                log.warning("ledger write failed, retrying in %.1f s: %s", delay, exc)
-                await self._clock.sleep(delay)
+                self.failed(loop, exc)
+                log.warning("%s write failed, retrying in %.1f s: %s", loop, delay, exc)
+                await self.clock.sleep(delay)
                 delay = min(delay * 2, 10.0)
 
-    def _failed(self, loop: str, exc: Exception) -> None:
+    def failed(self, loop: str, exc: Exception) -> None:
         self._metrics.loop_errors.labels(loop=loop).inc()
         self._metrics.store_up.set(0)
         log.debug("store write failed: %s", exc)
 
     # shutdown --------------------------------------------------------------------------------------------
     async def close(self, *, drain_s: float = 5.0) -> None:
-        """Drain the queues for up to ``drain_s`` seconds, then stop. Records still in memory go to the spool
-        (when there is one, and it has room); anything left after that is logged as lost."""
+        """Drain the queues and the spools (when the store takes them) for up to ``drain_s`` seconds, then stop.
+        Entries still in memory go to the spools (when there are, with room); anything left after that is logged
+        as lost. What stays spooled is replayed by the next process on the same spool directory."""
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(drain_s):
                 await self.idle()
+                for lane in (self._records, self._settles):  # replayed while the store takes them
+                    await lane.drained.wait()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        records = [self._records.get_nowait() for _ in range(self._records.qsize())]
-        if records and self._spool is not None and self._spool_records(self._spool, records):
-            log.warning("%d usage records spooled at shutdown, replayed at the next start", len(records))
-            records = []
-        lost = len(records) + self._jobs.qsize()
+        lost = self._records.spool_rest() + self._settles.spool_rest()
+        for spool in self._spools():
+            spool.close()
         if lost:
             log.error("%d usage/settle writes could not be stored before shutdown", lost)

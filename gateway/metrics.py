@@ -38,6 +38,10 @@ QUEUE_DEPTH: Final = "gearshift_gateway_queue_depth"
 QUEUED_TIME: Final = "gearshift_gateway_queued_seconds"
 SHED: Final = "gearshift_gateway_shed_requests"
 BROWNOUT: Final = "gearshift_gateway_brownout"
+PLACEMENT_ROUTES: Final = "gearshift_gateway_placement_routes"
+PLAN_VERSION: Final = "gearshift_gateway_plan_version"
+PLAN_FRESH: Final = "gearshift_gateway_plan_fresh"
+WORKER_POOL: Final = "gearshift_gateway_worker_pool"
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 _TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5, 1.0)
@@ -60,7 +64,10 @@ class GatewayMetrics:
         self.requests = Counter(
             REQUESTS, "Completion requests finished", ["tenant", "model", "worker", "status"], registry=r
         )
-        self.tokens = Counter(TOKENS, "Tokens metered", ["tenant", "model", "kind"], registry=r)
+        self.tokens = Counter(
+            TOKENS, "Tokens metered (kind: prompt, completion, and cached_prompt, the part of prompt served from "
+            "the worker's prefix cache)", ["tenant", "model", "kind"], registry=r,
+        )  # fmt: skip
         self.errors = Counter(
             ERRORS,
             "Errors returned to clients (as a response or an in-stream event), by OpenAI error type",
@@ -114,6 +121,17 @@ class GatewayMetrics:
             SHED, "Requests the overload control refused, by tier and reason", ["tier", "reason"], registry=r
         )
         self.brownout = Gauge(BROWNOUT, "1 while the brownout caps max_tokens", registry=r)
+        self.placement_routes = Counter(
+            PLACEMENT_ROUTES,
+            "Requests routed under the fleet plan, by outcome (home, spill, saturated, unplanned)",
+            ["model", "outcome"],
+            registry=r,
+        )
+        self.plan_version = Gauge(PLAN_VERSION, "Version of the fleet plan last read, per model", ["model"], registry=r)
+        self.plan_fresh = Gauge(PLAN_FRESH, "1 while the model's fleet plan is within its TTL", ["model"], registry=r)
+        self.worker_pool = Gauge(
+            WORKER_POOL, "1 for the pool a worker is in under the fresh fleet plan", ["worker", "pool"], registry=r
+        )
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
 
     def child(self, metric: Any, *values: str) -> Any:
@@ -132,6 +150,8 @@ class GatewayMetrics:
         self.child(self.requests, tenant, model, record.worker_id or "", record.status).inc()
         self.child(self.tokens, tenant, model, "prompt").inc(record.prompt_tokens)
         self.child(self.tokens, tenant, model, "completion").inc(record.completion_tokens)
+        if record.cached_tokens:  # the part of the prompt served from the worker's prefix cache
+            self.child(self.tokens, tenant, model, "cached_prompt").inc(record.cached_tokens)
         self.child(self.cost, tenant, model).inc(record.cost_usd)
         self.child(self.e2e, tier).observe(duration_s)
         if record.ttft_s is not None:

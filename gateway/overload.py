@@ -6,7 +6,8 @@ between tenants, which request is refused — is ``gateway.fairqueue``; this mod
 prefill_tokens_per_slot)`` (0 when that is ≤ 0, or when its published ``kv_usage ≥ overload_kv_threshold``),
 with ``load = max(published running + waiting, this gateway's in-flight)`` (``gateway.routing.load_of``) and
 ``prefill_tokens`` this gateway's prompt tokens outstanding there — the queue scorer's occupancy, kept below
-``overload_max_occupancy``. A pool has headroom while the free slots of its healthy, non-ejected workers
+``overload_max_occupancy`` (and, for a worker in a pool of the fleet plan, below its ``max_concurrency``).
+A pool has headroom while the free slots of its healthy, non-ejected workers
 exceed the requests already dispatched from the queue that have not yet reached a worker.
 
 **Fast path.** With the model's queue empty and headroom in the pool, ``enter`` returns at once: no queue, no
@@ -73,9 +74,10 @@ def free_slots(worker: WorkerView, *, max_occupancy: float, kv_threshold: float,
     """New requests ``worker`` may take now (the module docstring's headroom)."""
     if worker.state is not None and worker.state.kv_usage >= kv_threshold:
         return 0
-    room = (
-        max_occupancy * worker.config.max_num_seqs - load_of(worker) - worker.prefill_tokens / prefill_tokens_per_slot
-    )
+    slots = max_occupancy * worker.config.max_num_seqs
+    if worker.pool is not None and worker.pool.max_concurrency is not None:  # the fleet plan's cap
+        slots = min(slots, worker.pool.max_concurrency)
+    room = slots - load_of(worker) - worker.prefill_tokens / prefill_tokens_per_slot
     return math.ceil(room) if room > 0 else 0
 
 
@@ -158,7 +160,8 @@ class OverloadGate:
 
     def _eligible(self, model: str) -> list[WorkerView]:
         now = self._clock.wall()
-        return [w for w in self._pool.serving(model) if w.healthy and w.ejected_until <= now]
+        routable = (w for w in self._pool.serving(model) if w.mode is None or w.mode.routable)  # not draining
+        return [w for w in routable if w.healthy and w.ejected_until <= now]
 
     def _queue(self, model: str) -> FairQueue[Waiter]:
         queue = self._queues.get(model)

@@ -18,14 +18,19 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from starlette.responses import Response
 from starlette.types import Receive, Send
 
+from fleet.plan import traffic_class
 from gateway import errors, relay
 from gateway import tracing as attr
 from gateway.admission import Ticket
 from gateway.auth import Principal
 from gateway.body import CompletionRequest, parse_completion
 from gateway.core import Gateway
-from gateway.metering import Job, usage_record
+from gateway.metering import usage_record
+from gateway.placement import request_workload
 from gateway.pool import WorkerView
+from gateway.prefix import request_blocks
+from gateway.responses import ResponsesStreamMeter, parse_responses
+from gateway.responses import error_event as responses_error_event
 from gateway.routing import RouteContext
 from gateway.sse import DONE, StreamMeter, Usage
 from gateway.upstream import Hold
@@ -42,6 +47,8 @@ class Endpoint:
 
 CHAT = Endpoint("/v1/chat/completions", "messages", "chat")
 TEXT = Endpoint("/v1/completions", "prompt", "text_completion")
+RESPONSES = Endpoint("/v1/responses", "input", "chat")
+"""OpenAI's Responses API (``gateway.responses``): its own body and event stream."""
 
 _DONE_EVENT = DONE + b"\n\n"
 _NO_SPAN: AbstractContextManager[Span] = contextlib.nullcontext(trace.INVALID_SPAN)
@@ -58,15 +65,21 @@ async def complete(
     receive: Receive | None,
     send: Send,
     headers: Sequence[tuple[bytes, bytes]] = (),
+    workload_header: str | None = None,
 ) -> Response | None:
-    """Serve one completion request whose body ``raw`` has been read. Returns the whole answer for the caller to
+    """Serve one completion request whose body ``raw`` has been read (``workload_header``: its
+    ``x-gearshift-workload``, see ``gateway.placement``). Returns the whole answer for the caller to
     send, or None when the answer was streamed on ``send`` (its head carrying ``headers``); raises a
     ``GatewayError`` for an error to answer instead, never once a stream has started. ``started`` is the clock's
     monotonic time when the request arrived, ``receive`` the ASGI channel that tells when the client leaves."""
-    req = parse_completion(raw, prompt_field=endpoint.prompt_field, rules=gw.body_rules)
+    if endpoint is RESPONSES:
+        req = parse_responses(raw, rules=gw.body_rules)
+    else:
+        req = parse_completion(raw, prompt_field=endpoint.prompt_field, rules=gw.body_rules)
     authorise(gw, principal, req)  # 404 / 403 / 400
     gw.overload.brownout_cap(req, principal.tier)  # lower max_tokens while the brownout is on
     call = Call(gw, principal, req, endpoint, request_id, started)
+    call.workload = request_workload(workload_header, principal.tenant)  # 400 for a malformed hint
     tail = None
     with relay.DisconnectGuard(receive) as guard:  # a client that leaves cancels the call
         try:
@@ -104,6 +117,8 @@ class Call:
     """One request on its way through the pipeline."""
 
     ticket: Ticket | None = None
+    workload: str | None = None
+    """The request's workload hint (``gateway.placement.request_workload``)."""
 
     def __init__(
         self,
@@ -117,6 +132,12 @@ class Call:
         self.gw, self.principal, self.req, self.endpoint = gw, principal, req, endpoint
         self.request_id, self.started = request_id, started
         self.forwarded_at = started
+        s = gw.settings
+        self.prefix_blocks = (
+            request_blocks(req.body, chat=req.chat, block_chars=s.prefix_block_chars, max_blocks=s.prefix_max_blocks)
+            if gw.prefix is not None
+            else ()
+        )
         self.span: Span = trace.INVALID_SPAN
         self.ctx: Context | None = None
         if gw.tracer is not None:
@@ -154,7 +175,11 @@ class Call:
         gw = self.gw
         with self._child_span("gearshift.routing") as span:
             req, tier = self.req, self.principal.tier
-            ctx = RouteContext(model=req.model, tier=tier, now=gw.clock.wall(), prompt_tokens=req.prompt_tokens)
+            ctx = RouteContext(
+                model=req.model, tier=tier, now=gw.clock.wall(), prompt_tokens=req.prompt_tokens,
+                traffic_class=traffic_class(self.principal.tier_name, self.workload), plan=gw.pool.plans.get(req.model),
+                prefix_blocks=self.prefix_blocks,
+            )  # fmt: skip
             decision = await gw.router.route(ctx, list(gw.pool.views.values()))
             if not decision.ranked:
                 raise errors.NoWorkerAvailable(
@@ -193,6 +218,8 @@ class Call:
             span.set_attribute("gearshift.attempts", hold.attempts)
             span.set_attribute("http.response.status_code", hold.response.status)
         self.span.set_attribute(attr.WORKER, hold.worker.id)
+        if gw.prefix is not None and self.prefix_blocks:  # the worker now caches this prompt's blocks
+            gw.prefix.record(self.prefix_blocks, hold.worker.id, gw.clock.wall())
         gw.overload.poke(req.model)  # its prefill is done: the worker may have room again
         return hold
 
@@ -202,53 +229,58 @@ class Call:
             body, usage = await relay.read_whole(hold, timeout_s=self.gw.settings.request_timeout_s)
         except errors.GatewayError as error:
             hold.failure = error
-            await self._settle(self._meter(hold, "error", usage=None, error=error))
+            await self._meter(hold, "error", usage=None, error=error)
             raise
-        except BaseException as exc:  # the client went away: account without waiting
-            self.gw.ledger.submit(self._meter(hold, _status_of(exc), usage=None))
+        except BaseException as exc:  # the client went away: account (``_meter`` never suspends)
+            await self._meter(hold, _status_of(exc), usage=None)
             raise
         status = hold.response.status
         hold.ok = status < 400
         if status >= 400:  # the worker's own error answer, in the gateway's shape
             refusal = errors.from_worker(status, body)
-            await self._settle(self._meter(hold, "error", usage=None, error=refusal))
+            await self._meter(hold, "error", usage=None, error=refusal)
             return errors.respond(refusal, self.gw.metrics)
-        await self._settle(self._meter(hold, "ok", usage=usage))
+        await self._meter(hold, "ok", usage=usage)
         return Response(body, status_code=status, media_type="application/json")
 
     async def stream(
         self, hold: Hold, send: Send, guard: relay.DisconnectGuard, headers: Sequence[tuple[bytes, bytes]]
     ) -> bytes:
-        """Relay the worker's events, meter the stream (the settlement is awaited, so the client's next request
-        sees it), and return the last event: ``[DONE]``, or the error event and ``[DONE]``."""
+        """Relay the worker's events, meter the stream, and return the last event: ``[DONE]``, or the error event
+        and ``[DONE]``. The settlement goes to the store after it (``LedgerWriter``); this replica's admissions
+        count the slot as free at once (``Admitter.finish``), so the client's next request here is never refused
+        for this one."""
         gw = self.gw
         req = self.req
-        meter = StreamMeter(
-            strip_usage=not req.client_wants_usage,
-            strip_chunk_usage=not req.client_wants_chunk_usage,
+        meter = (
+            ResponsesStreamMeter()
+            if self.endpoint is RESPONSES
+            else StreamMeter(strip_usage=not req.client_wants_usage, strip_chunk_usage=not req.client_wants_chunk_usage)
         )
         try:
             error = await relay.stream(
                 hold, meter, send, guard, headers=headers, clock=gw.clock, idle_timeout_s=gw.settings.idle_timeout_s
             )
-        except BaseException as exc:  # the client went away: account without waiting
-            gw.ledger.submit(self._meter(hold, _status_of(exc), usage=meter.usage, stream=meter))
+        except BaseException as exc:  # the client went away: account (``_meter`` never suspends)
+            await self._meter(hold, _status_of(exc), usage=meter.usage, stream=meter)
             raise
         hold.ok, hold.failure = error is None, error
-        await self._settle(self._meter(hold, "ok" if error is None else "error", meter.usage, meter, error))
+        await self._meter(hold, "ok" if error is None else "error", meter.usage, meter, error)
+        if self.endpoint is RESPONSES:  # no [DONE]: the worker's terminal event ended the stream
+            return b"" if error is None else responses_error_event(error, gw.metrics)
         return _DONE_EVENT if error is None else errors.stream_event(error, gw.metrics)
 
     # ---------------------------------------------------------------------------------------- metering
-    def _meter(
+    async def _meter(
         self,
         hold: Hold,
         status: str,
         usage: Usage | None,
         stream: StreamMeter | None = None,
         error: errors.GatewayError | None = None,
-    ) -> Job:
-        """Meter the finished call (ledger record, metrics, span) while it still holds its worker; return the
-        settlement of its admission ticket."""
+    ) -> None:
+        """Meter the finished call (ledger record, metrics, span) while it still holds its worker, and hand the
+        settlement of its admission ticket to the background writer. Never suspends (safe while cancelled)."""
         gw, ticket = self.gw, self.ticket
         assert ticket is not None
         now = gw.clock.monotonic()
@@ -265,6 +297,8 @@ class Call:
             wall=gw.clock.wall(),
             now=now,
             tier=self.principal.tier_name,
+            workload=self.workload,
+            pricing=model.pricing if (model := gw.fleet.model(self.req.model)) is not None else None,
         )
         gw.ledger.append(record)
         gw.metrics.finished(record, tier=self.principal.tier_name, duration_s=now - self.started)
@@ -274,18 +308,9 @@ class Call:
         self.span.set_attribute("gearshift.cost_usd", record.cost_usd)
         self.span.end()
         used, cost = record.prompt_tokens + record.completion_tokens, record.cost_usd
-
-        async def settle() -> None:
-            await gw.admitter.settle(ticket, used_tokens=used, cost_usd=cost)
-
-        return settle
-
-    async def _settle(self, settle: Job) -> None:
-        """Await a settlement; when the store is briefly away, the ledger writer retries it."""
-        try:
-            await settle()
-        except Exception:
-            self.gw.ledger.submit(settle)
+        settlement = await gw.admitter.finish(ticket, used_tokens=used, cost_usd=cost)
+        if settlement is not None:
+            gw.ledger.settle(settlement)
 
     def _end_span(self, error: BaseException | None) -> None:
         if isinstance(error, errors.GatewayError):
@@ -297,16 +322,10 @@ class Call:
         self.gw.overload.poke(self.req.model)  # a worker it tried may have room again
         self._end_span(exc)
         self.span.end()
-        if self.ticket is not None:
-            ticket = self.ticket
-
-            async def release() -> None:
-                await self.gw.admitter.settle(ticket, used_tokens=0, cost_usd=0.0)
-
-            try:
-                await asyncio.shield(release())
-            except Exception:
-                self.gw.ledger.submit(release)
+        if self.ticket is not None:  # never suspends, so it completes even while the call is being cancelled
+            settlement = await self.gw.admitter.finish(self.ticket, used_tokens=0, cost_usd=0.0)
+            if settlement is not None:
+                self.gw.ledger.settle(settlement)
 
 
 def _status_of(exc: BaseException) -> str:

@@ -18,7 +18,9 @@ import aiohttp
 
 from fleet.clock import Clock
 from fleet.config import FleetConfig, WorkerConfig
+from fleet.plan import FleetPlan, PoolPlan, read_plans
 from fleet.store.protocol import Store, WorkerState
+from fleet.worker_mode import WorkerMode, read_modes
 from gateway.metrics import GatewayMetrics
 from gateway.settings import GatewaySettings
 
@@ -50,6 +52,10 @@ class WorkerView:
     ejected_here_until: float = 0.0
     failures: int = 0
     """Consecutive failures seen by this gateway."""
+    mode: WorkerMode | None = None
+    """Its drafter-free gear record (``fleet.worker_mode``), written by the controller; None: none."""
+    pool: PoolPlan | None = None
+    """Its pool in its model's fleet plan at the last refresh, while that plan was fresh; None: none."""
 
     def __post_init__(self) -> None:
         self.id = self.config.id
@@ -65,6 +71,8 @@ class WorkerPool:
     settings: GatewaySettings
     metrics: GatewayMetrics
     views: dict[str, WorkerView] = field(init=False)
+    plans: dict[str, FleetPlan] = field(default_factory=dict)
+    """The fleet plans in the store at the last refresh, by model, fresh or not (``fleet.plan``)."""
 
     def __post_init__(self) -> None:
         self.views = {w.id: WorkerView(config=w) for w in self.fleet.workers}
@@ -103,10 +111,31 @@ class WorkerPool:
         """Re-read published worker states and ejections from the store (one tick)."""
         states = await self.store.worker_states()
         ejected = await self.store.ejected(now=self.clock.wall())
+        modes = await read_modes(self.store)
+        self.plans = await read_plans(self.store)
         for view in self.views.values():
             state = states.get(view.id)
             view.state = state if state is not None and not state.stale else None
+            view.mode = modes.get(view.id)
             view.ejected_until = max(ejected.get(view.id, 0.0), view.ejected_here_until)
+        self._place()
+
+    def _place(self) -> None:
+        """Give each view its pool under its model's plan while that plan is fresh, and export the plans."""
+        now = self.clock.wall()
+        for model in (m.name for m in self.fleet.models):
+            plan = self.plans.get(model)
+            if plan is not None:
+                self.metrics.plan_version.labels(model=model).set(plan.version)
+            self.metrics.plan_fresh.labels(model=model).set(1.0 if plan is not None and plan.fresh(now) else 0.0)
+        for view in self.views.values():
+            plan = self.plans.get(view.config.model)
+            pool = plan.pool_of_worker(view.id) if plan is not None and plan.fresh(now) else None
+            if view.pool is not None and (pool is None or pool.name != view.pool.name):
+                self.metrics.worker_pool.remove(view.id, view.pool.name)
+            if pool is not None:
+                self.metrics.worker_pool.labels(worker=view.id, pool=pool.name).set(1.0)
+            view.pool = pool
 
     async def probe_health(self, session: aiohttp.ClientSession) -> None:
         """GET each worker's ``/health`` concurrently (one tick)."""

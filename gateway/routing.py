@@ -194,7 +194,12 @@ class SpeculationScorer:
 
     - ``speed`` (interactive): relative per-user speed ``s / max(s)`` over the candidates, with
       ``s = 1 / tpot_predicted_s`` (or the accepted length when no TPOT is predicted), times
-      ``target / tpot_predicted`` when the prediction misses the tier's TPOT target.
+      ``target / tpot_predicted`` when the prediction misses the tier's TPOT target, times
+      ``(1 + published) / (1 + max(published, now))``: the prediction was made at the published load
+      (running + waiting, requests) and a worker's per-user speed falls about in proportion to the load added
+      since (``now``: ``load_of`` plus outstanding prefill per ``prefill_tokens_per_slot``, as the queue scorer
+      counts it). Without it a burst that arrives within one tick all goes to the worker that was fastest
+      before it.
     - ``throughput`` (batch): the cheapest published cost scores 1, others ``min_cost / usd_per_mtok``;
       without published costs ``1 − k_applied / k_max`` — bulk work goes to workers already in a low gear,
       where extra batch costs little, and stays off the fast lanes whose high k it would knock down.
@@ -204,6 +209,11 @@ class SpeculationScorer:
     """
 
     name = "speculation"
+
+    def __init__(self, *, prefill_tokens_per_slot: int = DEFAULT_PREFILL_TOKENS_PER_SLOT) -> None:
+        if prefill_tokens_per_slot <= 0:
+            raise ValueError(f"prefill_tokens_per_slot: must be positive, got {prefill_tokens_per_slot}")
+        self._per_slot = prefill_tokens_per_slot
 
     async def __call__(self, ctx: RouteContext, workers: Sequence[WorkerView]) -> list[float]:
         pref = ctx.tier.speculation
@@ -215,8 +225,7 @@ class SpeculationScorer:
             return [NEUTRAL_SCORE] * len(workers)
         return [0.0 if w.state and w.state.overloaded else s for w, s in zip(workers, scores, strict=True)]
 
-    @staticmethod
-    def _speed(tier: TierConfig, workers: Sequence[WorkerView]) -> list[float]:
+    def _speed(self, tier: TierConfig, workers: Sequence[WorkerView]) -> list[float]:
         speeds: list[float | None] = []
         for w in workers:
             st = w.state
@@ -236,7 +245,9 @@ class SpeculationScorer:
             tpot = w.state.tpot_predicted_s if w.state else None
             if tier.tpot_target_s and tpot and tpot > tier.tpot_target_s:
                 score *= tier.tpot_target_s / tpot
-            out.append(score)
+            published = w.state.running + w.state.waiting if w.state else 0.0
+            now = load_of(w) + w.prefill_tokens / self._per_slot
+            out.append(score * (1.0 + published) / (1.0 + max(published, now)))
         return out
 
     @staticmethod
@@ -315,7 +326,7 @@ def default_router(
         [
             (queue, weight_queue),
             (KvCacheScorer(), weight_kv),
-            (SpeculationScorer(), weight_speculation),
+            (SpeculationScorer(prefill_tokens_per_slot=prefill_tokens_per_slot), weight_speculation),
             (ttft, weight_ttft),
             *([(prefix, weight_prefix)] if prefix is not None else []),  # gateway.prefix.PrefixScorer
         ],

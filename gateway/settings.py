@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated, Literal, Self
 
-from pydantic import Field, model_validator
+from pydantic import Field, SecretStr, model_validator
 
 from fleet.config import CommonSettings, exposure, refuse_dev_secrets
 
@@ -51,12 +52,23 @@ class GatewaySettings(CommonSettings):
     replica_heartbeat_s: Seconds = 2.0
     """How often this replica heartbeats into the replica registry (it counts for three intervals)."""
     spool_dir: Path | None = None
-    """Directory of the durable usage spool (``gateway.spool``): usage records the store cannot take are kept
-    there and replayed when it is back, surviving a kill -9. On Kubernetes, a volume that survives a reschedule.
-    None keeps them in memory only (lost if the process dies during an outage)."""
+    """Directory of the durable spool (``gateway.spool``): usage records and settlements the store cannot take are
+    kept there and replayed when it is back, surviving a kill -9. One directory per replica (a second process on
+    it is refused at start). None: ``$XDG_STATE_HOME/gearshift/gateway-<port>`` (``~/.local/state/…``) when the
+    store is Redis; the in-memory store needs none. On Kubernetes, a volume (``deploy/kubernetes``)."""
+    concurrency_grace_s: Annotated[float, Field(ge=0)] = 0.05
+    """A concurrency refusal is retried once after this long: the slot may belong to the client's own request,
+    finished on another replica, whose settlement is still on its way to the store (``gateway.admission``)."""
     spool_max_bytes: Annotated[int, Field(gt=0)] = 256 * 1024 * 1024
     """Bound of the spool; when full, records wait in memory, ``gearshift_gateway_spool_full`` is 1 and an error
     is logged."""
+
+    def spool_path(self) -> Path | None:
+        """The spool directory to use: ``spool_dir``, else the default state directory when the store is Redis."""
+        if self.spool_dir is not None or not self.redis_url:
+            return self.spool_dir
+        state = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
+        return state / "gearshift" / f"gateway-{self.port}"
 
     # outlier ejection, shared through the store
     eject_after_failures: Annotated[int, Field(gt=0)] = 3
@@ -91,6 +103,8 @@ class GatewaySettings(CommonSettings):
     tokens_per_message: Annotated[int, Field(ge=0)] = 4
     """Chat-template tokens per message in that estimate. An estimate below the worker's real count lets a
     tenant pass its TPM by the difference, so err high: over-reservation is refunded."""
+    tokens_per_image: Annotated[int, Field(ge=0)] = 1024
+    """Prompt tokens counted per image part in that estimate (``gateway.body.BodyRules.tokens_per_image``)."""
     max_messages: Annotated[int, Field(gt=0)] = 1024
     """Most messages (or completion prompts) in one request; more is a 400."""
     max_n: Annotated[int, Field(gt=0)] = 128
@@ -110,6 +124,20 @@ class GatewaySettings(CommonSettings):
     model profile (its chunked-prefill step, ``gateway.routing.profile_prefill_rate``)."""
     ttft_reference_s: Seconds = 2.0
     """The TTFT scale of the TTFT scorer for a tier without ``ttft_target_s``."""
+
+    # prefix affinity (gateway/prefix.py, PrefixScorer)
+    weight_prefix: Weight = 2.0
+    """Weight of the prefix scorer (0 turns prefix affinity off: no hashing, no index)."""
+    prefix_block_chars: Annotated[int, Field(gt=0)] = 512
+    """Characters per hashed prompt block (about 128 tokens)."""
+    prefix_max_blocks: Annotated[int, Field(gt=0)] = 1024
+    """Most leading blocks hashed per request: bounds the hashing cost (and the prefix followed)."""
+    prefix_ttl_s: Seconds = 300.0
+    """How long the index believes a worker still caches a block it was sent, seconds."""
+    prefix_index_blocks: Annotated[int, Field(gt=0)] = 262_144
+    """Most block hashes the index keeps (least recently used dropped first); about 100 bytes each."""
+    prefix_load_factor: Annotated[float, Field(ge=1)] = 2.0
+    """Bounded load: affinity holds only while the worker's load is at most this × (the least loaded + 1)."""
 
     # overload control (gateway/overload.py, gateway/fairqueue.py)
     overload_control: bool = True
@@ -136,6 +164,19 @@ class GatewaySettings(CommonSettings):
     brownout_recover_s: Seconds = 30.0
     """Queue empty this long turns it off again."""
 
+    # the admin API and run-time tenants (gateway/http/tenants_admin.py, gateway/tenant_book.py)
+    admin_keys: dict[Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")], SecretStr] = Field(default_factory=dict)
+    """Further named admin keys, id → key (``GEARSHIFT_ADMIN_KEYS='{"alice": "…"}'``); the audit trail names the
+    id of the key that made each change (``admin`` for ``GEARSHIFT_ADMIN_KEY``)."""
+    tenants_refresh_s: Seconds = 0.5
+    """How often the tenants changed at run time are re-read from the store (every replica serves a change
+    within about this)."""
+
+    def admin_credentials(self) -> dict[str, str]:
+        """Every admin key by its id: ``admin`` for ``GEARSHIFT_ADMIN_KEY``, then the named ones."""
+        named = {key_id: key.get_secret_value() for key_id, key in self.admin_keys.items()}
+        return {"admin": self.admin_key.get_secret_value(), **named}
+
     @model_validator(mode="after")
     def _check_secrets(self) -> Self:
         """Outside the embedded default (Redis, or a public listen address) the development pepper and admin key
@@ -143,6 +184,10 @@ class GatewaySettings(CommonSettings):
         secrets = {"key_pepper": self.key_pepper, "admin_key": self.admin_key}
         exposed = exposure(redis_url=self.redis_url, host=self.host)
         refuse_dev_secrets(secrets, exposed=exposed, allowed=self.allow_dev_secrets)
+        if "admin" in self.admin_keys:
+            raise ValueError("admin_keys: the id 'admin' is GEARSHIFT_ADMIN_KEY's")
+        if any(not v.get_secret_value() for v in self.admin_keys.values()):
+            raise ValueError("admin_keys: a named admin key must not be empty")
         return self
 
     @model_validator(mode="after")

@@ -1,11 +1,14 @@
-"""A durable local spool for usage records the shared store could not take, so a metered request is never lost.
+"""A durable local spool for what the shared store could not take, so a metered request is never lost: usage
+records (``Spool``, ``<dir>/usage.*``) and settlements (``SettlementSpool``, ``<dir>/settle.*``: TPM corrections
+and slot releases; a replay is applied once, by its settle id, ``Store.settle``).
 
-Records go to ``<dir>/usage.jsonl``, one JSON line each, appended and ``fsync``ed before ``append`` returns: once
-it returns, a kill -9 of the gateway loses none of them. ``<dir>/usage.offset`` holds how many bytes of the file
+Entries go to ``<dir>/<name>.jsonl``, one JSON line each, appended and ``fsync``ed before ``append`` returns: once
+it returns, a kill -9 of the gateway loses none of them. ``<dir>/<name>.offset`` holds how many bytes of the file
 are already in the store (written to a temporary file, ``fsync``ed and renamed, so it is always whole). Replay reads
 the records after the offset, in order; after the store has taken them, ``commit`` moves the offset, and once the
 whole file is in the store both files are emptied. A crash between the store taking records and ``commit`` replays
-them once more: the ledger skips request ids it already has, so each record is billed exactly once.
+them once more: the ledger skips request ids it already has, so each record is billed exactly once (and a
+settlement's id is remembered the same way).
 
 A line cut short by a crash in the middle of a write (no newline) was never acknowledged and is dropped. The file
 is bounded by ``max_bytes``: when full, ``append`` refuses (the caller keeps the records in memory) and ``full``
@@ -14,27 +17,60 @@ is set, so the alarm and the metric can show it.
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Generic, TypeVar
 
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
-from fleet.store.protocol import UsageRecord
+from fleet.store.protocol import Settlement, UsageRecord
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_BYTES = 256 * 1024 * 1024
+T = TypeVar("T")
 
 
-class Spool:
-    """The spool in ``directory`` (created if missing). Not safe for two processes at once: one per replica."""
+class SpoolBusy(RuntimeError):
+    """Another process already uses this spool directory."""
 
-    def __init__(self, directory: Path, *, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+
+def _lock(path: Path) -> int:
+    """Hold a POSIX lock on ``path`` (the returned descriptor) until ``close`` or the process dies (the kernel
+    drops it then, even on kill -9): a second process on the same spool is refused, the same process may reopen
+    it."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise SpoolBusy(
+            f"{path.parent} is the spool of another running gateway: give each replica its own GEARSHIFT_SPOOL_DIR"
+        ) from None
+    return fd
+
+
+class JsonlSpool(Generic[T]):
+    """The spool ``name`` in ``directory`` (created if missing), entries written by ``encode`` (one line of JSON,
+    without its newline) and read by ``decode``. Not safe for two processes at once: one per replica."""
+
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        name: str,
+        encode: Callable[[T], bytes],
+        decode: Callable[[bytes], T],
+        max_bytes: int = DEFAULT_MAX_BYTES,
+    ) -> None:
         directory.mkdir(parents=True, exist_ok=True)
-        self._data = directory / "usage.jsonl"
-        self._offset_path = directory / "usage.offset"
+        self._lock = _lock(directory / f"{name}.lock")
+        self._data = directory / f"{name}.jsonl"
+        self._offset_path = directory / f"{name}.offset"
+        self._encode, self._decode = encode, decode
         self._max_bytes = max_bytes
         self.full = False
         """True since an ``append`` was refused for lack of room, until the spool drains below its bound."""
@@ -42,11 +78,11 @@ class Spool:
         self._offset = min(self._read_offset(), self._drop_torn_tail())
 
     # writing ---------------------------------------------------------------------------------------------
-    def append(self, records: Sequence[UsageRecord]) -> bool:
+    def append(self, records: Sequence[T]) -> bool:
         """Durably add ``records`` (in order); False, with nothing written, when they would pass ``max_bytes``."""
         if not records:
             return True
-        data = b"".join(r.model_dump_json().encode() + b"\n" for r in records)
+        data = b"".join(self._encode(r) + b"\n" for r in records)
         if self.size_bytes() + len(data) > self._max_bytes:
             self.full = True
             return False
@@ -57,10 +93,10 @@ class Spool:
         return True
 
     # replaying -------------------------------------------------------------------------------------------
-    def pending(self, limit: int) -> tuple[list[UsageRecord], int]:
+    def pending(self, limit: int) -> tuple[list[T], int]:
         """Up to ``limit`` records not yet in the store, oldest first, and the file offset just after them
         (to pass to ``commit`` once the store has them)."""
-        records: list[UsageRecord] = []
+        records: list[T] = []
         end = self._offset
         with self._data.open("rb") as f:
             f.seek(self._offset)
@@ -70,7 +106,7 @@ class Spool:
                     break
                 end += len(line)
                 try:
-                    records.append(UsageRecord.model_validate_json(line))
+                    records.append(self._decode(line))
                 except ValidationError:  # a damaged line must not stop the replay of the others
                     log.error("usage spool %s: skipping an unreadable record at byte %d", self._data, end - len(line))
         return records, end
@@ -96,6 +132,10 @@ class Spool:
     def has_pending(self) -> bool:
         return self._data.stat().st_size > self._offset
 
+    def close(self) -> None:
+        """Let another process take the spool (what is pending stays for it)."""
+        os.close(self._lock)
+
     # files -----------------------------------------------------------------------------------------------
     def _read_offset(self) -> int:
         try:
@@ -120,3 +160,32 @@ class Spool:
                 f.truncate(whole)
                 os.fsync(f.fileno())
         return whole
+
+
+class Spool(JsonlSpool[UsageRecord]):
+    """The usage-record spool, ``<directory>/usage.jsonl``."""
+
+    def __init__(self, directory: Path, *, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+        super().__init__(
+            directory,
+            name="usage",
+            encode=lambda r: r.model_dump_json().encode(),
+            decode=UsageRecord.model_validate_json,
+            max_bytes=max_bytes,
+        )
+
+
+_SETTLEMENT = TypeAdapter(Settlement)
+
+
+class SettlementSpool(JsonlSpool[Settlement]):
+    """The settlement spool, ``<directory>/settle.jsonl``."""
+
+    def __init__(self, directory: Path, *, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+        super().__init__(
+            directory,
+            name="settle",
+            encode=_SETTLEMENT.dump_json,
+            decode=_SETTLEMENT.validate_json,
+            max_bytes=max_bytes,
+        )

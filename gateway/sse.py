@@ -35,16 +35,25 @@ class Usage:
 
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_tokens: int = 0
+    """Prompt tokens the worker served from its prefix cache (``prompt_tokens_details.cached_tokens``)."""
 
 
 def usage_of(obj: object) -> Usage | None:
-    """The usage block of a response or chunk object, if it carries one."""
+    """The usage block of a response or chunk object (or of a Responses API response), if it carries one."""
     if not isinstance(obj, dict):
         return None
     usage = obj.get("usage")
     if not isinstance(usage, dict):
         return None
-    return Usage(int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0))
+    if "input_tokens" in usage:  # the Responses API's names (``gateway.responses``)
+        details = usage.get("input_tokens_details")
+        prompt, completion = usage.get("input_tokens"), usage.get("output_tokens")
+    else:
+        details = usage.get("prompt_tokens_details")
+        prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    return Usage(int(prompt or 0), int(completion or 0), int(cached or 0))
 
 
 @dataclass(slots=True)

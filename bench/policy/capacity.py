@@ -5,7 +5,8 @@ say "Poisson at 0.6 × capacity" and keep its meaning when the profile is recali
 
 Model: a worker decoding ``B`` sequences at draft length ``k`` emits ``B · E[tokens](k)`` tokens per step, and
 in steady state also prefills the prompts of the requests that replace finished ones:
-``B · E[tokens](k) · prompt / output`` prompt tokens per step.
+``B · E[tokens](k) · prompt / output`` prompt tokens per step. The workers are the lab's, started with their
+drafter, so k = 0 pays the idle-drafter tax (``fleet.perf.IdleDrafterTax``).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def throughput(profile: Profile, mix: MixPoint, batch: int, k: int) -> tuple[flo
     emitted = batch * per_seq
     prefill = int(emitted * mix.prompt_tokens / max(mix.output_tokens, 1.0))
     context = int(batch * (mix.prompt_tokens + mix.output_tokens / 2))
-    t = step_time(profile, StepShape(decode_seqs=batch, k=k, context_tokens=context, prefill_tokens=prefill))
+    t = step_time(profile, StepShape(batch, k, context, prefill, drafter_loaded=True))
     return emitted / t.total_s, t.total_s
 
 

@@ -4,7 +4,8 @@ A ``LabPolicy`` gives each worker its start-up schedule and is called at every c
 lab (``workers.sim.virtual.TickContext``), where it may apply a ``SpeculationUpdate`` to a worker's
 ``SpeculationControl`` — the same control the real-time worker exposes over HTTP (DESIGN §3.1).
 
-- ``StaticSchedule``: a fixed schedule, never changed. A plain ``k`` is the one-row table; vLLM's
+- ``StaticSchedule``: a fixed schedule, never changed, on workers started with their drafter (so k = 0 pays the
+  idle-drafter tax) or, for the drafter-free reference, without it. A plain ``k`` is the one-row table; vLLM's
   ``num_speculative_tokens_per_batch_size`` table and a batch-size threshold gate are multi-row tables that the
   engine applies per step by the *instantaneous* decode batch, exactly as vLLM's scheduler does.
 - ``PhaseOracle``: a known k per scenario phase, switched at the phase boundaries (the hindsight oracle).
@@ -85,6 +86,9 @@ class StaticSchedule:
 
     name: str
     rows: tuple[tuple[int, int, int], ...]
+    drafter: bool = True
+    """The workers are started with their drafter (False: without speculation, so every row must be k = 0 and
+    no k = 0 step pays the idle-drafter tax)."""
 
     @classmethod
     def plain(cls, k: int) -> StaticSchedule:
@@ -96,7 +100,10 @@ class StaticSchedule:
         return validate_schedule(kept, k_max=k_max, max_num_seqs=max_num_seqs)
 
     def bind(self, workers: Sequence[VirtualWorker], ctx: LabContext) -> None:
-        return None
+        if not self.drafter and any(k for _, _, k in self.rows):
+            raise ValueError(f"{self.name}: a worker started without its drafter cannot run k > 0")
+        for w in workers:
+            w.engine.drafter_loaded = self.drafter
 
     def on_tick(self, tick: TickContext) -> None:
         return None
@@ -249,7 +256,15 @@ LAB_POLICIES: Mapping[str, Callable[[], LabPolicy]] = MappingProxyType(
         "gearshift": ControllerPolicy,
         "adaptive": AdaptiveVerificationPolicy,
         "gearshift+adaptive": lambda: ControllerPolicy(name="gearshift+adaptive", adaptive_verification=True),
+        "fleet-placement": lambda: _fleet_placement(),
     }
 )
 """Policy name → a fresh instance, for the policies that need no tuning to the scenario: the controller alone,
-adaptive verification alone, and both together."""
+adaptive verification alone, both together, and the fleet planner above the controller."""
+
+
+def _fleet_placement() -> LabPolicy:
+    # Imported here: bench.policy.fleet_placement builds on ControllerPolicy, defined in this module.
+    from bench.policy.fleet_placement import FleetPlacementPolicy
+
+    return FleetPlacementPolicy()

@@ -85,7 +85,11 @@ HEADER = (
     "Under the controller the gateway's speculation-aware scorers see the worker state it publishes; under the "
     "other policies nothing is published and routing is least-loaded, as in production without a controller. "
     "Every run is also priced by the controller's own cost model (`bench/policy/cost_meter.py`). "
-    "The recipe default is static k = the profile's k_max (vLLM's recipe runs DSpark at fixed k = 7)."
+    "The recipe default is static k = the profile's k_max (vLLM's recipe runs DSpark at fixed k = 7). "
+    "Every policy runs on workers started with their drafter, so a k = 0 step (static k=0, or a controller's "
+    "off) pays the profile's idle-drafter tax (`fleet.perf.IdleDrafterTax`, ASSUMED: +6.5 % → +21.6 % step "
+    "time with the batch); `no-drafter` is k = 0 on workers started without speculation, the reference only a "
+    "drafter-free gear reaches (not an oracle candidate)."
 )
 
 DEFINITIONS = (

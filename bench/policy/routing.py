@@ -5,6 +5,13 @@ Each arrival builds the gateway's view of every worker: its configuration, the r
 (the gateway's own in-flight count), the prompt tokens of those not yet past their first token (the
 gateway's outstanding prefill estimate), and the state the controller last published for it (none for static
 policies, where the scorers fall back to least-loaded, exactly as the gateway does with no controller).
+
+With a placement (``Placement``, from a policy that places traffic: ``bench.policy.fleet_placement``) the
+router follows it. A plan's routing (``shares`` None) is the gateway's own: its ``gateway.placement``
+filter (the class's pool, else one-way spill bounded by SLA headroom, a stale plan ignored) runs first among
+the filters, on a ``RouteContext`` carrying the request's class and the plan, exactly as in the gateway. A
+static placement (``shares`` set) narrows the workers to one of the class's pools first, drawn by the fixed
+shares (seeded), and never spills.
 """
 
 from __future__ import annotations
@@ -12,10 +19,15 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Protocol, runtime_checkable
 
 from fleet.clock import Clock
-from fleet.config import FleetConfig, TierConfig
+from fleet.config import FleetConfig, TenantsConfig, TierConfig
+from fleet.plan import FleetPlan, TrafficClass, traffic_class
 from fleet.store.protocol import WorkerState
+from fleet.worker_mode import WorkerMode
+from gateway.placement import placement_filter
 from gateway.pool import WorkerView
 from gateway.routing import RouteContext, default_router
 from gateway.settings import GatewaySettings
@@ -23,6 +35,48 @@ from workers.sim.arrivals import RequestSpec
 from workers.sim.virtual import Router, VirtualWorker
 
 StateSource = Callable[[], Mapping[str, WorkerState]]
+
+
+@dataclass(frozen=True)
+class Placement:
+    """What a placing policy routes by: a plan, and for a static placement each class's share per pool."""
+
+    plan: FleetPlan
+    shares: Mapping[TrafficClass, Mapping[str, float]] | None = None
+    """Class → pool name → share of the class's requests (summing to 1); None: the plan's routing with spill."""
+
+
+PlacementSource = Callable[[], Placement | None]
+
+
+ModeSource = Callable[[], Mapping[str, WorkerMode]]
+
+
+@runtime_checkable
+class ModalPolicy(Protocol):
+    """A lab policy that moves workers to and from the drafter-free gear: the lab routes by its records."""
+
+    def worker_modes(self) -> Mapping[str, WorkerMode]: ...
+
+
+@runtime_checkable
+class PlacingPolicy(Protocol):
+    """A lab policy that places traffic: the lab routes by its ``placement()`` (None: load only)."""
+
+    def placement(self) -> Placement | None: ...
+
+
+def static_pool(placement: Placement, cls: TrafficClass, workers: Sequence[VirtualWorker], draw: float) -> list[int]:
+    """Indices of the workers of the pool a static placement's ``draw`` (in [0, 1)) picks for ``cls`` (every
+    worker when the class has no shares or the pool is empty)."""
+    shares = placement.shares or {}
+    acc = 0.0
+    for pool_name, share in shares.get(cls, {}).items():
+        acc += share
+        if draw < acc:
+            pool = next(p for p in placement.plan.pools if p.name == pool_name)
+            return [i for i, w in enumerate(workers) if w.worker_id in pool.workers] or list(range(len(workers)))
+    return list(range(len(workers)))
 
 
 class GatewayRouter(Router):
@@ -37,9 +91,17 @@ class GatewayRouter(Router):
         states: StateSource,
         seed: int = 0,
         settings: GatewaySettings | None = None,
+        placement: PlacementSource | None = None,
+        modes: ModeSource | None = None,
     ) -> None:
+        """``modes``: the workers' drafter-free gear records (``fleet.worker_mode``; None: none), for the
+        gateway's draining filter; a worker restarting in the lab (``VirtualWorker.offline_until_s``) is unhealthy."""
         s = settings or GatewaySettings()
+        self._placement = placement
+        self._modes = modes
+        self._draws = random.Random(seed + 7919)
         self._router = default_router(
+            placement=placement_filter(fleet, TenantsConfig(tiers=dict(tiers), tenants=())) if placement else None,
             weight_queue=s.weight_queue,
             weight_kv=s.weight_kv,
             weight_speculation=s.weight_speculation,
@@ -62,19 +124,33 @@ class GatewayRouter(Router):
         return max(0, routed - worker.engine.stats.prompt_tokens)
 
     def choose(self, workers: Sequence[VirtualWorker], spec: RequestSpec) -> int:
+        tier = self._tiers.get(spec.tag, self._default_tier)
+        placement = self._placement() if self._placement is not None else None
+        cls = traffic_class(spec.tag, spec.workload)
+        if placement is not None and placement.shares is not None:
+            subset = static_pool(placement, cls, workers, self._draws.random())
+            return subset[self._rank([workers[i] for i in subset], spec, RouteContext(model="", tier=tier, now=0.0))]
+        plan = placement.plan if placement is not None else None
+        ctx = RouteContext(model="", tier=tier, now=self._clock.wall(), traffic_class=cls, plan=plan)
+        return self._rank(workers, spec, ctx)
+
+    def _rank(self, workers: Sequence[VirtualWorker], spec: RequestSpec, base: RouteContext) -> int:
+        """The index in ``workers`` of the worker the gateway's router picks (least outstanding without a pick)."""
         states = self._states()
+        modes = self._modes() if self._modes is not None else {}
+        now_s = self._clock.monotonic()
         views = [
             WorkerView(
                 config=self._configs[w.worker_id],
                 in_flight=w.outstanding,
                 prefill_tokens=self._prefill_tokens(w),
                 state=states.get(w.worker_id),
+                healthy=w.offline_until_s <= now_s,
+                mode=modes.get(w.worker_id),
             )
             for w in workers
         ]
-        ctx = RouteContext(
-            model=workers[0].model_name, tier=self._tiers.get(spec.tag, self._default_tier), now=self._clock.wall()
-        )
+        ctx = replace(base, model=workers[0].model_name, now=self._clock.wall())
         decision = self._loop.run_until_complete(self._router.route(ctx, views))
         if decision.ranked:
             chosen = decision.ranked[0].id

@@ -14,18 +14,30 @@ Baselines tuned offline from the shared performance model for each scenario's tr
 - ``gate``: k = the best k at batch 1 up to a threshold batch, 0 above it; the threshold is the smallest batch at
   which the best k > 0 gains less than ``GATE_MIN_GAIN`` over k = 0 on the profile.
 
+Every policy runs on workers started with their drafter, so k = 0 (static, or a controller's "off") pays the
+idle-drafter tax (``fleet.perf.IdleDrafterTax``). ``no-drafter`` is the reference without it: k = 0 on workers
+started without speculation, what an operator who never speculates deploys. It is reported beside the others and
+is not a candidate of the oracle (the oracle switches k, which needs the drafter).
+
 The oracle runs after the static runs: for each phase, the static k with the highest goodput in that phase.
+
+Issue 13's baselines come last (``bench.policy.placement``): ``best-uniform-static`` is the best static k's run
+under that name; on every mixed-tier scenario with two or more workers the best static placement is searched in
+hindsight (``best-static-placement``: the better of the search's best measured run and the best uniform static
+k; elsewhere the best uniform static k), and on single-phase mixed-tier scenarios of four or more workers the
+knee (``placement.knee_rate``, cached with the capacities) is measured around the phase's rate.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
 from importlib import resources
 
-from bench.policy import load
+from bench.policy import load, placement
 from bench.policy.capacity import MixPoint, best_k, max_batch, throughput
 from bench.policy.lab import mix_point, run_policy
 from bench.policy.policies import LAB_POLICIES, LabPolicy, PhaseOracle, StaticSchedule
@@ -39,6 +51,10 @@ TABLE_BANDS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128)
 GATE_MIN_GAIN = 0.10
 CONTROLLER = "gearshift"
 ORACLE = "oracle"
+NO_DRAFTER = "no-drafter"
+BEST_UNIFORM = "best-uniform-static"
+BEST_PLACEMENT = "best-static-placement"
+FLEET_PLACEMENT = "fleet-placement"
 
 
 def static_name(k: int) -> str:
@@ -111,6 +127,7 @@ def threshold_gate(profile: Profile, scenario: Scenario) -> StaticSchedule:
 def baseline_policies(profile: Profile, scenario: Scenario) -> list[LabPolicy]:
     out: list[LabPolicy] = [StaticSchedule.plain(k) for k in static_ks(profile)]
     out += [vllm_table(profile, scenario), threshold_gate(profile, scenario)]
+    out.append(StaticSchedule(NO_DRAFTER, ((1, 1_000_000, 0),), drafter=False))
     return out + [make() for make in LAB_POLICIES.values()]
 
 
@@ -153,6 +170,10 @@ class SuiteResult:
     """scenario → phase → the measured capacity its ``load`` refers to."""
     skipped: list[str] = field(default_factory=list)
     """Scenarios not meaningful on this profile (``Scenario.fits``)."""
+    ceilings: dict[str, placement.Ceiling] = field(default_factory=dict)
+    """scenario → the best static placement the hindsight search found (mixed-tier scenarios)."""
+    knees: dict[str, float] = field(default_factory=dict)
+    """scenario → the measured knee, requests/s (single-phase mixed-tier scenarios of ≥ 4 workers)."""
 
     @property
     def recipe(self) -> str:
@@ -164,7 +185,8 @@ class SuiteResult:
         for _, p in self.runs:
             if p not in seen:
                 seen.append(p)
-        order = [static_name(k) for k in self.static_ks] + ["vllm-table", "gate", *LAB_POLICIES, ORACLE]
+        order = [static_name(k) for k in self.static_ks]
+        order += ["vllm-table", "gate", NO_DRAFTER, *LAB_POLICIES, ORACLE, BEST_UNIFORM, BEST_PLACEMENT]
         return sorted(seen, key=lambda p: order.index(p) if p in order else len(order))
 
 
@@ -230,7 +252,56 @@ def run_family(
             result.oracle_choice[sc.name] = choice
             second.append((sc, PhaseOracle(ORACLE, choice)))
     _execute(second, results, processes, progress)
+    _placement_stage(results, processes, progress, capacity_cache)
     return results
+
+
+def _knee_key(sc: Scenario) -> str:
+    return "knee:" + load.mix_key(sc, sc.phases[0]) + f":{placement.poisson_rate_of(sc.phases[0])}"
+
+
+def _knee(sc: Scenario) -> float:
+    return placement.knee_rate(
+        sc, sc.phases[0], placement.poisson_rate_of(sc.phases[0]), static_ks(load_profile(sc.profile))
+    )
+
+
+def _placement_stage(
+    results: dict[str, SuiteResult], processes: int, progress: Progress, cache: load.CapacityCache | None
+) -> None:
+    """Issue 13's baselines (module docstring): the searches and knee probes in parallel, then the named runs."""
+    searched = [(r, sc) for r in results.values() for sc in r.scenarios if placement.searchable(sc)]
+    kneed: list[tuple[SuiteResult, Scenario]] = []
+    for r in results.values():
+        for sc in r.scenarios:
+            if not placement.has_knee(sc):
+                continue
+            hit = cache.get(_knee_key(sc), load_profile(sc.profile)) if cache is not None else None
+            if hit is None:
+                kneed.append((r, sc))
+            else:
+                r.knees[sc.name] = hit.rate_per_s
+    with ProcessPoolExecutor(max_workers=max(processes, 1)) as pool:
+        ceilings = [(r, sc, pool.submit(placement.best_static_placement, sc, name=BEST_PLACEMENT)) for r, sc in searched]
+        knees = [(r, sc, pool.submit(_knee, sc)) for r, sc in kneed]
+        for r, sc, fut in ceilings:
+            r.ceilings[sc.name] = fut.result()
+            progress(f"{sc.profile} · {sc.name} · {BEST_PLACEMENT} search")
+        for r, sc, knee_fut in knees:
+            r.knees[sc.name] = knee_fut.result()
+            if cache is not None:
+                rate = placement.poisson_rate_of(sc.phases[0])
+                cache.put(_knee_key(sc), load_profile(sc.profile), load.Capacity(r.knees[sc.name], -1, rate, 0))
+            progress(f"{sc.profile} · {sc.name} · knee")
+    if cache is not None and kneed:
+        cache.save()
+    for r in results.values():
+        for sc in r.scenarios:
+            best = max((r.runs[sc.name, static_name(k)] for k in r.static_ks), key=lambda m: m.goodput_tok_s)
+            r.runs[sc.name, BEST_UNIFORM] = dataclasses.replace(best, policy=BEST_UNIFORM)
+            ceiling = r.ceilings.get(sc.name)
+            top = ceiling.metrics if ceiling and ceiling.metrics.goodput_tok_s > best.goodput_tok_s else best
+            r.runs[sc.name, BEST_PLACEMENT] = dataclasses.replace(top, policy=BEST_PLACEMENT)
 
 
 def run_suite(

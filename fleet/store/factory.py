@@ -16,5 +16,10 @@ def build_store(settings: CommonSettings, *, clock: Clock | None = None) -> Stor
     The caller owns the result and must ``await store.close()``. No connection is made until first use.
     """
     if settings.redis_url:
-        return RedisStore.from_url(settings.redis_url, prefix=settings.key_prefix, cluster=settings.redis_cluster)
+        return RedisStore.from_url(
+            settings.redis_url,
+            prefix=settings.key_prefix,
+            cluster=settings.redis_cluster,
+            wait_replicas=settings.redis_wait_replicas,
+        )
     return MemoryStore(clock=clock or SystemClock())

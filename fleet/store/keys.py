@@ -5,8 +5,9 @@ the same hash tag (``{…}``), so it lives in one slot (on a single Redis the ta
 
 - ``P{t:<scope>}:limit:<kind>``: a limit or spend counter. The caller names limits ``<kind>:<scope>``
   (``rpm:acme``, ``tpm:acme``, ``concurrency:acme``, ``spend:acme``): the scope is the tenant, so a request's
-  limits share its tenant's slot. A name without ``:`` has the empty scope. One ``admit`` or ``settle`` call must
-  keep to one scope (``single_scope``); both stores refuse a call that mixes them.
+  limits share its tenant's slot; ``settled:acme`` holds the settle ids applied recently (``Store.settle``). A
+  name without ``:`` has the empty scope. One ``admit`` or ``settle`` call must keep to one scope
+  (``single_scope``); both stores refuse a call that mixes them.
 - ``P{t:<tenant>}:ledger:stream|index|rollup|ids``: the tenant's ledger (see ``fleet.store.redis``), and
   ``P{ledger}:tenants``, the set of tenants with a ledger (for fleet-wide reads).
 - ``P{workers}:ids`` and ``P{workers}:state:<id>``: the worker registry; ``P{ejected}:until|reason``: ejections;
@@ -26,6 +27,16 @@ class StoreMisconfigured(RuntimeError):
 
 class ScopeMismatch(ValueError):
     """One store call named limits of more than one scope (they could live on different cluster nodes)."""
+
+
+def spend_key(tenant: str) -> str:
+    """The limit name of ``tenant``'s spend counter (USD, all time), which the ledger adds each new record's cost to."""
+    return f"spend:{tenant}"
+
+
+def settled_key(scope: str) -> str:
+    """The limit name of the set of settle ids applied recently in ``scope`` (``Store.settle``)."""
+    return f"settled:{scope}"
 
 
 def scope_of(name: str) -> str:

@@ -40,10 +40,15 @@ end
 ADMIT = (
     _WINDOW_LIB
     + """
--- KEYS: one per limit. ARGV: now, NB, then 4 per limit: kind ('w'|'s'|'b') and three parameters:
---   w: cost, limit, window_s    s: slot_id, limit, ttl_s    b: limit_usd, '', ''
+-- KEYS: one per limit. ARGV: now, NB, then 4 per limit: kind ('w'|'s'|'b'|'r') and three parameters:
+--   w: cost, limit, window_s    s: slot_id, limit, ttl_s    b: limit_usd, pending_usd, ''
+--   r: slot_id, '', '' (a finished request's slot on this key, freed before any check)
 -- returns {1} when admitted, else {0, index of the refusing limit, retry_after_s}
 local now = tonumber(ARGV[1])
+for i = 1, #KEYS do
+  local base = 3 + (i - 1) * 4
+  if ARGV[base + 1] == 'r' then redis.call('ZREM', KEYS[i], ARGV[base + 2]) end
+end
 local function retry_window(key, cost, limit, window)
   local live = live_buckets(key, window, now)
   local used = 0
@@ -72,8 +77,8 @@ for i = 1, #KEYS do
     retry = retry_window(KEYS[i], tonumber(ARGV[base + 2]), tonumber(ARGV[base + 3]), tonumber(ARGV[base + 4]))
   elseif kind == 's' then
     retry = retry_slot(KEYS[i], ARGV[base + 2], tonumber(ARGV[base + 3]))
-  else
-    local spent = tonumber(redis.call('GET', KEYS[i]) or '0')
+  elseif kind == 'b' then
+    local spent = tonumber(redis.call('GET', KEYS[i]) or '0') + tonumber(ARGV[base + 3])
     if spent >= tonumber(ARGV[base + 2]) then retry = 0 end
   end
   if retry then return {0, i, string.format('%.17g', retry)} end
@@ -97,11 +102,21 @@ return {1}
 SETTLE = (
     _WINDOW_LIB
     + """
--- KEYS: windows, then slots, then spend counters. ARGV: now, NB, n_windows, n_slots, then
+-- KEYS: windows, then slots, then spend counters, then (with a settle id) the settled-ids set.
+-- ARGV: now, NB, n_windows, n_slots, settle id or '', dedupe_s, then
 --   3 per window (cost, window_s, reserved_at or ''), 1 per slot (slot_id), 1 per counter (usd)
+-- returns 0 when the settle id was already applied (nothing done), else 1
 local now = tonumber(ARGV[1])
 local nw, ns = tonumber(ARGV[3]), tonumber(ARGV[4])
-local arg = 5
+local nkeys = #KEYS
+if ARGV[5] ~= '' then
+  local ids = KEYS[nkeys]
+  nkeys = nkeys - 1
+  redis.call('ZREMRANGEBYSCORE', ids, '-inf', string.format('%.17g', now - tonumber(ARGV[6])))
+  if redis.call('ZADD', ids, 'NX', ARGV[1], ARGV[5]) == 0 then return 0 end
+  redis.call('PEXPIRE', ids, math.ceil(tonumber(ARGV[6]) * 1000))
+end
+local arg = 7
 for i = 1, nw do
   local key, cost, window = KEYS[i], tonumber(ARGV[arg]), tonumber(ARGV[arg + 1])
   local reserved_at = tonumber(ARGV[arg + 2]) or now
@@ -124,7 +139,7 @@ for i = nw + 1, nw + ns do
   redis.call('ZREM', KEYS[i], ARGV[arg])
   arg = arg + 1
 end
-for i = nw + ns + 1, #KEYS do
+for i = nw + ns + 1, nkeys do
   local total = tonumber(redis.call('GET', KEYS[i]) or '0') + tonumber(ARGV[arg])
   redis.call('SET', KEYS[i], string.format('%.17g', total))
   arg = arg + 1
@@ -184,16 +199,17 @@ APPEND_USAGE = (
     + """
 -- Appends one tenant's records, in order, in one round trip. KEYS: the tenant's ledger stream, index (sorted set
 -- at → record JSON), roll-ups (hash 'size:unit' → 'requests prompt completion usd') and request ids (hash id →
--- 1). ARGV: the number of roll-up sizes, the sizes, then 7 per record: request id, at, record JSON, tenant,
--- prompt, completion, cost_usd. A request id already in the ledger is skipped (no double billing).
--- Returns how many records were new.
+-- 1), then the tenant's spend counter. ARGV: the number of roll-up sizes, the sizes, then 7 per record: request
+-- id, at, record JSON, tenant, prompt, completion, cost_usd. A request id already in the ledger is skipped (no
+-- double billing); each new record's cost is added to the spend counter. Returns how many records were new.
 local nsizes = tonumber(ARGV[1])
 local sizes = {}
 for i = 1, nsizes do sizes[i] = tonumber(ARGV[1 + i]) end
-local appended = 0
+local appended, spent = 0, 0.0
 for arg = 2 + nsizes, #ARGV, 7 do
   if redis.call('HSETNX', KEYS[4], ARGV[arg], '1') == 1 then
     appended = appended + 1
+    spent = spent + tonumber(ARGV[arg + 6])
     redis.call('ZADD', KEYS[2], ARGV[arg + 1], ARGV[arg + 2])
     redis.call('XADD', KEYS[1], '*', 'tenant', ARGV[arg + 3], 'record', ARGV[arg + 2])
     local at = tonumber(ARGV[arg + 1])
@@ -210,6 +226,9 @@ for arg = 2 + nsizes, #ARGV, 7 do
       redis.call('HSET', KEYS[3], field, string.format('%d %d %d ', n, p, c) .. fmt(usd))
     end
   end
+end
+if spent > 0 then
+  redis.call('SET', KEYS[5], fmt(tonumber(redis.call('GET', KEYS[5]) or '0') + spent))
 end
 return appended
 """

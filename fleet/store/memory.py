@@ -15,15 +15,17 @@ from itertools import islice
 
 from fleet.clock import Clock, SystemClock
 from fleet.store import window as win
-from fleet.store.keys import single_scope
+from fleet.store.keys import scope_of, single_scope, spend_key
 from fleet.store.ledger import TenantLedger
 from fleet.store.protocol import (
     LOG_MAX_ENTRIES,
+    SETTLE_DEDUPE_S,
     Admission,
     ApiKeyRecord,
     BudgetLimit,
     Limit,
     LogEntry,
+    Settlement,
     SlotLimit,
     UsageRecord,
     UsageTotals,
@@ -40,6 +42,8 @@ class MemoryStore:
         self._windows: dict[str, dict[int, int]] = {}
         self._slots: dict[str, dict[str, float]] = {}
         self._spend: dict[str, float] = {}
+        self._settled: dict[str, dict[str, float]] = {}
+        """Scope → settle id → when it was applied (Unix s), for ``settle``'s dedupe."""
         self._workers: dict[str, tuple[str, float]] = {}
         self._ejected: dict[str, tuple[float, str]] = {}
         self._leases: dict[str, tuple[str, float]] = {}
@@ -54,6 +58,10 @@ class MemoryStore:
     # limits -------------------------------------------------------------------------------------------
     async def admit(self, limits: Sequence[Limit], *, now: float) -> Admission:
         single_scope(lim.key for lim in limits)
+        for lim in limits:
+            if isinstance(lim, SlotLimit):
+                for slot_id in lim.releasing:
+                    self._slots.get(lim.key, {}).pop(slot_id, None)
         for lim in limits:
             refusal = self._check(lim, now)
             if refusal is not None:
@@ -79,7 +87,7 @@ class MemoryStore:
                 return None
             return win.SLOT_RETRY_AFTER_S
         assert isinstance(lim, BudgetLimit)
-        return 0.0 if self._spend.get(lim.key, 0.0) >= lim.limit_usd else None
+        return 0.0 if self._spend.get(lim.key, 0.0) + lim.pending_usd >= lim.limit_usd else None
 
     def _window(self, key: str) -> dict[int, int]:
         return self._windows.setdefault(key, {})
@@ -91,19 +99,43 @@ class MemoryStore:
         slots: Sequence[SlotLimit],
         spend: dict[str, float],
         now: float,
+        settle_id: str | None = None,
     ) -> None:
-        single_scope([*(w.key for w in windows), *(s.key for s in slots), *spend])
+        names = [*(w.key for w in windows), *(s.key for s in slots), *spend]
+        single_scope(names)
+        windows = [w for w in windows if w.cost != 0]
+        if settle_id and (windows or spend) and not self._first_settle(names[0], settle_id, windows, now):
+            return
         for w in windows:
             buckets = self._window(w.key)
             win.prune(buckets, window_s=w.window_s, now=now)
             if w.cost > 0:
                 win.reserve(buckets, cost=w.cost, window_s=w.window_s, now=now)
-            elif w.cost < 0:
+            else:
                 win.refund(buckets, amount=-w.cost, window_s=w.window_s, now=now, reserved_at=w.reserved_at)
         for s in slots:
             self._slots.get(s.key, {}).pop(s.slot_id, None)
         for key, usd in spend.items():
             self._spend[key] = self._spend.get(key, 0.0) + usd
+
+    def _first_settle(self, name: str, settle_id: str, windows: Sequence[WindowLimit], now: float) -> bool:
+        """Remember ``settle_id`` in its scope; False when it was applied within the dedupe period."""
+        dedupe_s = max([SETTLE_DEDUPE_S, *(2 * w.window_s for w in windows)])
+        seen = self._settled.setdefault(scope_of(name), {})
+        for old in [i for i, at in seen.items() if at < now - dedupe_s]:
+            del seen[old]
+        if settle_id in seen:
+            return False
+        seen[settle_id] = now
+        return True
+
+    async def settle_many(self, settlements: Sequence[Settlement], *, now: float) -> None:
+        for s in settlements:
+            await self.settle(windows=s.windows, slots=s.slots, spend=dict(s.spend), now=now, settle_id=s.settle_id)
+
+    def add_spend(self, key: str, usd: float) -> None:
+        """Add ``usd`` to the spend counter ``key`` (this process only: the gateway's fallback during an outage)."""
+        self._spend[key] = self._spend.get(key, 0.0) + usd
 
     async def spent(self, key: str) -> float:
         return self._spend.get(key, 0.0)
@@ -155,7 +187,8 @@ class MemoryStore:
 
     # usage ledger --------------------------------------------------------------------------------------
     async def append_usage(self, record: UsageRecord) -> None:
-        self._tenants.setdefault(record.tenant, TenantLedger()).append(record)
+        if self._tenants.setdefault(record.tenant, TenantLedger()).append(record) and record.cost_usd > 0:
+            self.add_spend(spend_key(record.tenant), record.cost_usd)
 
     async def append_usage_many(self, records: Sequence[UsageRecord]) -> None:
         for record in records:

@@ -44,14 +44,20 @@ class SlotLimit:
     slot_id: str
     limit: int
     ttl_s: float = 600.0
+    releasing: tuple[str, ...] = ()
+    """Slot ids of ``key`` whose requests have finished but whose release has not reached the store yet (the
+    caller's own accounting): ``admit`` frees them before it checks, so a client's next request is never
+    refused for its own finished one. Releasing an id twice is harmless."""
 
 
 @dataclass(frozen=True, slots=True)
 class BudgetLimit:
-    """Refuse when the spend counter ``key`` has reached ``limit_usd``."""
+    """Refuse when the spend counter ``key`` plus ``pending_usd`` (USD the caller has metered but the store has not
+    yet billed) has reached ``limit_usd``."""
 
     key: str
     limit_usd: float
+    pending_usd: float = 0.0
 
 
 Limit = WindowLimit | SlotLimit | BudgetLimit
@@ -65,6 +71,20 @@ class Admission:
     allowed: bool
     tripped: str | None = None
     retry_after_s: float = 0.0
+
+
+SETTLE_DEDUPE_S = 120.0
+"""How long a settled id is remembered (``Store.settle``): twice the rolling windows' 60 s."""
+
+
+@dataclass(frozen=True, slots=True)
+class Settlement:
+    """The arguments of one ``Store.settle`` call, as data (the gateway spools and replays them)."""
+
+    settle_id: str
+    windows: tuple[WindowLimit, ...] = ()
+    slots: tuple[SlotLimit, ...] = ()
+    spend: tuple[tuple[str, float], ...] = ()
 
 
 # ---------------------------------------------------------------------------------------- shared records
@@ -120,6 +140,8 @@ class UsageRecord(BaseModel):
     """The request's workload hint (``x-gearshift-workload`` or the tenant's default), when it had one."""
     cached_tokens: int = 0
     """Prompt tokens served from the worker's prefix cache (``prompt_tokens_details.cached_tokens``)."""
+    session: str | None = None
+    """The client's session (``x-gearshift-session``): a replay sends a session's turns closed-loop."""
 
 
 class ApiKeyRecord(BaseModel):
@@ -167,9 +189,19 @@ class Store(Protocol):
         slots: Sequence[SlotLimit],
         spend: dict[str, float],
         now: float,
+        settle_id: str | None = None,
     ) -> None:
         """After a request: correct each window by ``cost`` (negative refunds an over-reservation), release
-        the slots, and add ``spend`` (key → USD) to the spend counters. One round trip."""
+        the slots, and add ``spend`` (key → USD) to the spend counters. One round trip.
+
+        With ``settle_id`` (the request id) a settlement is applied once: a replay of the same id is skipped for
+        ``SETTLE_DEDUPE_S`` (at least as long as any of its windows), after which its refunds would be dropped
+        anyway (the reservation has left the window); releasing a slot is idempotent at any time."""
+        ...
+
+    async def settle_many(self, settlements: Sequence[Settlement], *, now: float) -> None:
+        """``settle`` each of ``settlements`` (by its ``settle_id``), in one round trip on one Redis (pipelined;
+        on a cluster, one per node)."""
         ...
 
     async def spent(self, key: str) -> float:
@@ -204,7 +236,8 @@ class Store(Protocol):
 
     # usage ledger ---------------------------------------------------------------------------------------
     async def append_usage(self, record: UsageRecord) -> None:
-        """Append to the ledger (append-only) and add the record to the tenant's totals."""
+        """Append to the ledger (append-only), add the record to the tenant's totals and its ``cost_usd`` to the
+        tenant's spend counter (``fleet.store.keys.spend_key``): spend is billed with the record, exactly once."""
         ...
 
     async def append_usage_many(self, records: Sequence[UsageRecord]) -> None:

@@ -41,16 +41,18 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from fleet.store import lua
 from fleet.store import window as win
 from fleet.store.cancel import cancellation_safe, cancelling_now, checks_own_cancellation, raise_if_cancelled_since
-from fleet.store.keys import KeyLayout, StoreMisconfigured, single_scope
+from fleet.store.keys import KeyLayout, StoreMisconfigured, scope_of, settled_key, single_scope, spend_key
 from fleet.store.ledger import ROLLUP_SIZES_S
 from fleet.store.memory import key_record, record_order, sort_keys
 from fleet.store.protocol import (
     LOG_MAX_ENTRIES,
+    SETTLE_DEDUPE_S,
     Admission,
     ApiKeyRecord,
     BudgetLimit,
     Limit,
     LogEntry,
+    Settlement,
     SlotLimit,
     UsageRecord,
     UsageTotals,
@@ -59,6 +61,14 @@ from fleet.store.protocol import (
 )
 
 DEFAULT_PREFIX = "gearshift:"
+WAIT_TIMEOUT_S = 0.5
+"""The longest a ledger append waits for its replicas (``wait_replicas``), seconds."""
+
+
+class NotReplicated(RedisError):
+    """Fewer replicas than asked acknowledged a ledger write in time: it may not survive a failover."""
+
+
 _RETRIES = 1
 """Retries of a call whose connection failed (each on a fresh connection)."""
 
@@ -78,7 +88,26 @@ def _limit_args(lim: Limit) -> list[str]:
     if isinstance(lim, SlotLimit):
         return ["s", lim.slot_id, str(lim.limit), _num(lim.ttl_s)]
     assert isinstance(lim, BudgetLimit)
-    return ["b", _num(lim.limit_usd), "", ""]
+    return ["b", _num(lim.limit_usd), _num(lim.pending_usd), ""]
+
+
+def _settle_call(keys: KeyLayout, s: Settlement, *, now: float) -> tuple[list[str], list[str]] | None:
+    """The KEYS and ARGV of the settle script for ``s``, or None when it has nothing to do."""
+    windows = [w for w in s.windows if w.cost != 0]
+    if not (windows or s.slots or s.spend):
+        return None
+    names = [w.key for w in windows] + [sl.key for sl in s.slots] + [k for k, _ in s.spend]
+    single_scope(names)
+    dedupe = bool(s.settle_id) and bool(windows or s.spend)  # releasing a slot twice is harmless
+    dedupe_s = max([SETTLE_DEDUPE_S, *(2 * w.window_s for w in windows)])
+    args = [_num(now), str(win.BUCKETS_PER_WINDOW), str(len(windows)), str(len(s.slots))]
+    args += [s.settle_id if dedupe else "", _num(dedupe_s)]
+    for w in windows:
+        args += [str(w.cost), _num(w.window_s), "" if w.reserved_at is None else _num(w.reserved_at)]
+    args += [sl.slot_id for sl in s.slots]
+    args += [_num(usd) for _, usd in s.spend]
+    key_names = names + ([settled_key(scope_of(names[0]))] if dedupe else [])
+    return [keys.limit(n) for n in key_names], args
 
 
 class _Script:
@@ -87,9 +116,10 @@ class _Script:
     Cheaper than redis-py's ``AsyncScript`` on the hot path (no per-call type checks), and it carries the
     dropped-cancellation check of ``fleet.store.cancel`` itself so the hot methods need no wrapper."""
 
-    __slots__ = ("_execute", "_name", "_sha", "_text")
+    __slots__ = ("_client", "_execute", "_name", "_sha", "_text")
 
     def __init__(self, client: Redis | RedisCluster, text: str, name: str) -> None:
+        self._client = client
         self._execute: Callable[..., Awaitable[Any]] = client.execute_command
         self._text = text
         self._sha = hashlib.sha1(text.encode()).hexdigest()
@@ -104,13 +134,38 @@ class _Script:
         raise_if_cancelled_since(task, before, self._name)
         return reply
 
+    async def many(self, calls: Sequence[tuple[Sequence[str], Sequence[str]]]) -> None:
+        """Run the script once per (keys, args) in ``calls`` in one pipeline (not a transaction: on a cluster the
+        calls may live on different nodes); raise the first error after every call was tried."""
+        task, before = cancelling_now()
+        async with self._client.pipeline(transaction=False) as pipe:
+            for keys, args in calls:
+                pipe.execute_command("EVALSHA", self._sha, len(keys), *keys, *args)
+            replies: list[Any] = await pipe.execute(raise_on_error=False)
+        for (keys, args), reply in zip(calls, replies, strict=True):
+            if isinstance(reply, NoScriptError):
+                await self._execute("EVAL", self._text, len(keys), *keys, *args)
+        raise_if_cancelled_since(task, before, self._name)
+        failed = [r for r in replies if isinstance(r, Exception) and not isinstance(r, NoScriptError)]
+        if failed:
+            raise failed[0]
+
 
 @cancellation_safe
 class RedisStore:
     """``Store`` on Redis or Redis Cluster. Owns ``client`` (``close`` closes it); build one with ``from_url``."""
 
-    def __init__(self, client: Redis | RedisCluster, *, prefix: str = DEFAULT_PREFIX) -> None:
+    def __init__(
+        self,
+        client: Redis | RedisCluster,
+        *,
+        prefix: str = DEFAULT_PREFIX,
+        wait_replicas: int = 0,
+        wait_timeout_s: float = WAIT_TIMEOUT_S,
+    ) -> None:
         self._redis = client
+        self._wait_replicas = wait_replicas
+        self._wait_ms = _ms(wait_timeout_s)
         self._keys = KeyLayout(prefix)
         self._known_tenants: set[str] = set()
         """Tenants already in the ``{ledger}:tenants`` set (so an append adds them once per process)."""
@@ -140,6 +195,7 @@ class RedisStore:
         cluster: bool = False,
         max_connections: int = 512,
         wait_s: float = 5.0,
+        wait_replicas: int = 0,
     ) -> RedisStore:
         """A store on a new pool of at most ``max_connections`` connections to ``url`` (``redis://host:port/db``);
         opening a connection gives up after ``wait_s`` seconds. The pool is redis-py's plain ``ConnectionPool``:
@@ -150,7 +206,11 @@ class RedisStore:
         a burst of first calls, breaks some of them).
 
         A connection that fails (for example one left idle across a Redis restart) is reconnected and the call
-        retried once after a short back-off, so a restart costs no caller an error once Redis is back."""
+        retried once after a short back-off, so a restart costs no caller an error once Redis is back.
+
+        With ``wait_replicas``, a ledger append returns only once that many replicas of the tenant's master have it
+        (``WAIT``, at most ``WAIT_TIMEOUT_S``), else raises ``NotReplicated`` (the gateway then spools the records
+        and replays them; the ledger skips those already there)."""
         retry = Retry(ExponentialBackoff(cap=0.5, base=0.05), _RETRIES)
         if cluster:
             client = RedisCluster.from_url(
@@ -160,7 +220,7 @@ class RedisStore:
                 decode_responses=True,
                 retry=retry,
             )
-            return cls(client, prefix=prefix)
+            return cls(client, prefix=prefix, wait_replicas=wait_replicas)
         pool = ConnectionPool.from_url(
             url,
             max_connections=max_connections,
@@ -169,7 +229,7 @@ class RedisStore:
             retry=retry,
             retry_on_error=[RedisConnectionError, RedisTimeoutError],
         )
-        return cls(Redis.from_pool(pool), prefix=prefix)
+        return cls(Redis.from_pool(pool), prefix=prefix, wait_replicas=wait_replicas)
 
     # limits -------------------------------------------------------------------------------------------
     @checks_own_cancellation
@@ -178,9 +238,15 @@ class RedisStore:
             return Admission(allowed=True)
         single_scope(lim.key for lim in limits)
         args = [_num(now), str(win.BUCKETS_PER_WINDOW), _num(win.SLOT_RETRY_AFTER_S)]
+        keys = [self._keys.limit(lim.key) for lim in limits]
         for lim in limits:
             args += _limit_args(lim)
-        reply: list[Any] = await self._admit(keys=[self._keys.limit(lim.key) for lim in limits], args=args)
+        for lim in limits:  # after the limits, so a refusal's index still names one of them
+            if isinstance(lim, SlotLimit):
+                for slot_id in lim.releasing:
+                    keys.append(keys[limits.index(lim)])
+                    args += ["r", slot_id, "", ""]
+        reply: list[Any] = await self._admit(keys=keys, args=args)
         if int(reply[0]) == 1:
             return Admission(allowed=True)
         return Admission(allowed=False, tripped=limits[int(reply[1]) - 1].key, retry_after_s=float(reply[2]))
@@ -193,18 +259,21 @@ class RedisStore:
         slots: Sequence[SlotLimit],
         spend: dict[str, float],
         now: float,
+        settle_id: str | None = None,
     ) -> None:
-        windows = [w for w in windows if w.cost != 0]
-        if not (windows or slots or spend):
+        settlement = Settlement(settle_id or "", tuple(windows), tuple(slots), tuple(spend.items()))
+        call = _settle_call(self._keys, settlement, now=now)
+        if call is not None:
+            await self._settle(keys=call[0], args=call[1])
+
+    @checks_own_cancellation
+    async def settle_many(self, settlements: Sequence[Settlement], *, now: float) -> None:
+        calls = [c for c in (_settle_call(self._keys, s, now=now) for s in settlements) if c is not None]
+        if len(calls) <= 1:
+            for keys, args in calls:
+                await self._settle(keys=keys, args=args)
             return
-        names = [w.key for w in windows] + [s.key for s in slots] + list(spend)
-        single_scope(names)
-        args = [_num(now), str(win.BUCKETS_PER_WINDOW), str(len(windows)), str(len(slots))]
-        for w in windows:
-            args += [str(w.cost), _num(w.window_s), "" if w.reserved_at is None else _num(w.reserved_at)]
-        args += [s.slot_id for s in slots]
-        args += [_num(usd) for usd in spend.values()]
-        await self._settle(keys=[self._keys.limit(n) for n in names], args=args)
+        await self._settle.many(calls)
 
     async def spent(self, key: str) -> float:
         value = await self._redis.get(self._keys.limit(key))
@@ -274,11 +343,24 @@ class RedisStore:
 
     async def _append_tenant(self, tenant: str, records: Sequence[UsageRecord]) -> None:
         keys = [self._keys.ledger(tenant, part) for part in ("stream", "index", "rollup", "ids")]
+        keys.append(self._keys.limit(spend_key(tenant)))
         args = list(self._rollup_args)
         for r in records:
             args += [r.request_id, _num(r.at), r.model_dump_json(), r.tenant]
             args += [str(r.prompt_tokens), str(r.completion_tokens), _num(r.cost_usd)]
         await self._append(keys=keys, args=args)
+        if self._wait_replicas:
+            await self._wait_replicated(keys[0])
+
+    async def _wait_replicated(self, key: str) -> None:
+        """``WAIT`` on the master of ``key`` (on a cluster, the node that holds its slot)."""
+        if isinstance(self._redis, RedisCluster):
+            node = self._redis.get_node_from_key(key)
+            acked = await self._redis.execute_command("WAIT", self._wait_replicas, self._wait_ms, target_nodes=node)
+        else:
+            acked = await self._redis.execute_command("WAIT", self._wait_replicas, self._wait_ms)
+        if int(acked) < self._wait_replicas:
+            raise NotReplicated(f"{acked} of {self._wait_replicas} replicas acknowledged the ledger write")
 
     async def usage(self, tenant: str, *, since: float, until: float, limit: int = 1000) -> UsageTotals:
         keys = [self._keys.ledger(tenant, "index"), self._keys.ledger(tenant, "rollup")]

@@ -1,5 +1,6 @@
-"""The admin API (its own key): create, list and revoke tenant API keys; read any tenant's usage; set the
-brownout switch."""
+"""The admin API (its own keys): create, list and revoke tenant API keys; read any tenant's usage; set the
+brownout switch. Each change goes to the audit trail (``gateway.audit``); tenants themselves are
+``gateway.http.tenants_admin``'s."""
 
 from __future__ import annotations
 
@@ -10,12 +11,13 @@ from fastapi import APIRouter, Query
 from pydantic import BaseModel, ConfigDict, Field
 
 from fleet.store.protocol import ApiKeyRecord
+from gateway import audit
 from gateway.brownout import Mode
 from gateway.core import Gateway
 from gateway.errors import InvalidRequest, NotFound
 from gateway.http.deps import AdminDep, GatewayDep
 from gateway.http.openapi import ERROR_RESPONSES
-from gateway.http.usage import usage_report
+from gateway.http.usage import ledger_page, usage_report
 
 router = APIRouter(prefix="/admin/v1", responses=ERROR_RESPONSES)
 
@@ -28,7 +30,7 @@ class CreateKey(BaseModel):
 
 
 @router.post("/keys", status_code=201)
-async def create_key(body: CreateKey, _: AdminDep, gw: GatewayDep) -> dict[str, Any]:
+async def create_key(body: CreateKey, who: AdminDep, gw: GatewayDep) -> dict[str, Any]:
     """Create a key for a tenant. The secret is in this response only; the store keeps its keyed digest."""
     if gw.tenants.tenant(body.tenant) is None:
         raise InvalidRequest(f"tenant: unknown tenant '{body.tenant}'.", param="tenant")
@@ -42,6 +44,9 @@ async def create_key(body: CreateKey, _: AdminDep, gw: GatewayDep) -> dict[str, 
     if any(k.key_id == record.key_id for k in await gw.store.api_keys()):
         raise InvalidRequest(f"key_id: '{record.key_id}' already exists.", param="key_id")
     await gw.store.put_api_key(record)
+    await audit.record(
+        gw.store, who=who, action="key.create", target=record.key_id, now=record.created_at, tenant=record.tenant
+    )
     return {"key_id": record.key_id, "tenant": record.tenant, "secret": secret, "created_at": record.created_at}
 
 
@@ -62,7 +67,7 @@ async def list_keys(_: AdminDep, gw: GatewayDep, tenant: str | None = None) -> d
 
 
 @router.delete("/keys/{key_id}")
-async def revoke_key(key_id: str, _: AdminDep, gw: GatewayDep) -> dict[str, Any]:
+async def revoke_key(key_id: str, who: AdminDep, gw: GatewayDep) -> dict[str, Any]:
     """Revoke a run-time key; this replica forgets it at once, the others within ``key_cache_ttl_s``."""
     if any(k.id == key_id for t in gw.tenants.tenants for k in t.keys):
         raise InvalidRequest(f"Key '{key_id}' comes from the tenants file: remove it there.", param="key_id")
@@ -70,6 +75,9 @@ async def revoke_key(key_id: str, _: AdminDep, gw: GatewayDep) -> dict[str, Any]
     if not records or not await gw.store.revoke_api_key(key_id):
         raise NotFound(f"No API key '{key_id}'.", param="key_id")
     gw.keys.forget(records[0].digest)
+    await audit.record(
+        gw.store, who=who, action="key.revoke", target=key_id, now=gw.clock.wall(), tenant=records[0].tenant
+    )
     return {"key_id": key_id, "revoked": True}
 
 
@@ -85,6 +93,19 @@ async def tenant_usage(
     if gw.tenants.tenant(tenant) is None:
         raise NotFound(f"No tenant '{tenant}'.", param="tenant")
     return await usage_report(gw, tenant, since=since, until=until, limit=limit)
+
+
+@router.get("/ledger")
+async def ledger(
+    _: AdminDep,
+    gw: GatewayDep,
+    since: float = 0.0,
+    until: float | None = None,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+) -> dict[str, Any]:
+    """Every tenant's usage records with ``since <= at < until`` (Unix s), in time order, a page at a time
+    (``gearshift usage export`` reads it to make a replay trace)."""
+    return await ledger_page(gw, since=since, until=until, limit=limit)
 
 
 @router.get("/workers")
@@ -125,9 +146,10 @@ async def get_brownout(_: AdminDep, gw: GatewayDep) -> dict[str, Any]:
 
 
 @router.put("/brownout")
-async def set_brownout(body: SetBrownout, _: AdminDep, gw: GatewayDep) -> dict[str, Any]:
+async def set_brownout(body: SetBrownout, who: AdminDep, gw: GatewayDep) -> dict[str, Any]:
     """Set this replica's brownout mode: ``on`` caps new requests' ``max_tokens`` to their tier's
     ``brownout_max_tokens``, ``off`` never does, ``auto`` does after sustained overload."""
     gw.overload.brownout.mode = body.mode
     gw.metrics.brownout.set(1.0 if gw.overload.brownout.active else 0.0)
+    await audit.record(gw.store, who=who, action="brownout.set", target="brownout", now=gw.clock.wall(), mode=body.mode)
     return _brownout(gw)

@@ -29,12 +29,16 @@ async def get_principal(request: Request, gw: GatewayDep) -> Principal:
 PrincipalDep = Annotated[Principal, Depends(get_principal)]
 
 
-async def require_admin(request: Request, gw: GatewayDep) -> None:
-    """The admin API takes its own key, compared in constant time."""
+async def require_admin(request: Request, gw: GatewayDep) -> str:
+    """The admin API takes its own keys, each compared in constant time; the id of the key presented
+    (``GatewaySettings.admin_credentials``), which the audit trail records."""
     authorization = request.headers.get("authorization")
     presented_secret(authorization)  # 401 for a missing or malformed header, with its own message
-    if not bearer_matches(authorization, gw.settings.admin_key.get_secret_value()):
+    matched = [i for i, key in gw.settings.admin_credentials().items() if bearer_matches(authorization, key)]
+    if not matched:
         raise AuthenticationFailed("Incorrect admin key.")
+    return matched[0]
 
 
-AdminDep = Annotated[None, Depends(require_admin)]
+AdminDep = Annotated[str, Depends(require_admin)]
+"""The id of the admin key that authorised the request."""

@@ -5,8 +5,8 @@ Measured on the gateway benchmark (one core, a fast upstream), FastAPI's per-req
 completion — middleware, route matching, the request/response wrapper with its exit stack, and dependency
 solving — took about a third of the gateway's CPU. The completion routes need none of it: the body is raw
 bytes, the only input is the Authorization header, and every error is already an OpenAI body. So
-``GatewayApp`` serves ``POST /v1/chat/completions`` and ``POST /v1/completions`` itself; their OpenAPI
-entries come from ``gateway.http.openapi``.
+``GatewayApp`` serves ``POST /v1/chat/completions``, ``POST /v1/completions`` and ``POST /v1/responses``
+itself; their OpenAPI entries come from ``gateway.http.openapi``.
 
 A client's own ``x-request-id`` is not reused: the id keys the request's concurrency slot, so a client must
 not be able to make two requests share one.
@@ -23,13 +23,14 @@ from starlette.types import Message, Receive, Scope, Send
 
 from gateway import errors
 from gateway.core import Gateway
-from gateway.pipeline import CHAT, TEXT, Endpoint, complete
+from gateway.pipeline import CHAT, RESPONSES, TEXT, Endpoint, complete
+from gateway.placement import WORKLOAD_HEADER
 
 log = logging.getLogger(__name__)
 
 REQUEST_ID_HEADER = b"x-request-id"
 
-COMPLETION_ROUTES: Mapping[str, Endpoint] = {CHAT.path: CHAT, TEXT.path: TEXT}
+COMPLETION_ROUTES: Mapping[str, Endpoint] = {CHAT.path: CHAT, TEXT.path: TEXT, RESPONSES.path: RESPONSES}
 """Path → endpoint of the routes served here (POST only; any other method is answered 405)."""
 _ALLOW_POST = {"allow": "POST"}
 
@@ -114,7 +115,7 @@ async def serve_completion(
         raw = await read_body(scope, receive, gw.settings.max_body_bytes)
         response = await complete(
             gw, principal, raw, endpoint=endpoint, request_id=request_id, started=started, receive=receive,
-            send=send, headers=(id_header,),
+            send=send, headers=(id_header,), workload_header=_header(scope, WORKLOAD_HEADER),
         )  # fmt: skip
     except errors.GatewayError as exc:
         response = errors.respond(exc, gw.metrics)

@@ -35,7 +35,7 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     for status, text in (
         (400, "Invalid request"),
         (401, "Missing or wrong API key"),
-        (403, "Model not allowed for this tenant"),
+        (403, "Model not allowed for this tenant, or the tenant is suspended"),
         (404, "Unknown model or resource"),
         (413, "Body too large"),
         (429, "A tenant limit (rpm, tpm, concurrency, budget) refused the request; see Retry-After"),
@@ -76,11 +76,35 @@ CHAT_BODY = _body(
     },
 )
 TEXT_BODY = _body(["model", "prompt"], {"prompt": {"type": ["string", "array"]}})
+RESPONSES_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {
+                "schema": {
+                    "type": "object",
+                    "required": ["model", "input"],
+                    "properties": {
+                        "model": {"type": "string"},
+                        "input": {"type": ["string", "array"], "items": {"type": "object"}},
+                        "instructions": {"type": "string"},
+                        "max_output_tokens": {"type": "integer", "minimum": 1},
+                        "stream": {"type": "boolean"},
+                        "temperature": {"type": "number"},
+                        "tools": {"type": "array", "items": {"type": "object"}},
+                    },
+                }
+            }
+        },
+    }
+}
+"""OpenAI's Responses API body (``gateway.responses``): the fields the gateway reads and the common ones."""
 
 
 EXAMPLES = {
     "/v1/chat/completions": {"messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 16},
     "/v1/completions": {"prompt": "Once upon a time", "max_tokens": 16},
+    "/v1/responses": {"input": "Hello!", "max_output_tokens": 16},
 }
 """Each completion operation's example request, less its ``model``."""
 
@@ -101,6 +125,7 @@ def _completion(operation_id: str, summary: str, body: dict[str, Any]) -> dict[s
 COMPLETION_PATHS = {
     "/v1/chat/completions": _completion("chat_completions_v1_chat_completions_post", "Chat Completions", CHAT_BODY),
     "/v1/completions": _completion("completions_v1_completions_post", "Completions", TEXT_BODY),
+    "/v1/responses": _completion("responses_v1_responses_post", "Responses", RESPONSES_BODY),
 }
 
 

@@ -37,9 +37,13 @@ def _estimate_line(rt: WorkerRuntime) -> Text:
 
 def candidates_table(rt: WorkerRuntime) -> Table:
     target = f"{rt.tpot_target_s * 1e3:.0f} ms" if rt.tpot_target_s is not None else "none"
-    table = Table(title=f"candidates (TPOT target {target})", title_justify="left")
-    columns = ("k", "AL tok/step", "step ms", "drafter ms", "TPOT ms", "goodput tok/s", "meets target", "allowed")
-    for col in (*columns, "full speed"):
+    ttft = f"{rt.ttft_target_s:.1f} s" if rt.ttft_target_s is not None else "none"
+    table = Table(title=f"candidates (TPOT target {target}, TTFT target {ttft})", title_justify="left")
+    columns = (
+        "k", "AL tok/step", "step ms", "drafter ms", "TPOT ms", "prefill s", "meets TTFT", "goodput tok/s",
+        "meets target", "allowed", "full speed",
+    )  # fmt: skip
+    for col in columns:
         table.add_column(col, justify="right")
     decision = rt.decision
     if decision is None:
@@ -48,7 +52,8 @@ def candidates_table(rt: WorkerRuntime) -> Table:
         style = "bold green" if rt.k_desired == c.k else None
         table.add_row(
             str(c.k), f"{c.accepted_length:.2f}", f"{c.step_s * 1e3:.1f}", f"{c.drafter_s * 1e3:.2f}",
-            f"{c.tpot_s * 1e3:.1f}", f"{c.goodput_tok_s:.0f}", "yes" if c.feasible else "no",
+            f"{c.tpot_s * 1e3:.1f}", f"{c.ttft_s:.2f}" if c.ttft_s is not None else "—",
+            "yes" if c.ttft_ok else "no", f"{c.goodput_tok_s:.0f}", "yes" if c.feasible else "no",
             "yes" if c.allowed else "no", "yes" if c.full_speed else "no", style=style,
         )  # fmt: skip
     return table

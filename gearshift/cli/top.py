@@ -1,8 +1,8 @@
 """``gearshift top``: a live terminal view of the fleet (rich).
 
-Per worker: model, k desired/applied, accepted length, running/waiting, KV use, output tokens/s, $/Mtok and the
-controller's last decision reason, cut to fit the terminal (``gearshift controller explain`` has it whole). Per
-tenant: requests/s and the TPOT p99 of its tier against the target.
+Per worker: model, its pool in the fleet plan the gateway follows, k desired/applied (its gear), accepted length,
+running/waiting, KV use, output tokens/s, $/Mtok and the controller's last decision reason, cut to fit the terminal
+(``gearshift controller explain`` has it whole). Per tenant: requests/s and the TPOT p99 of its tier against the target.
 Sources: each worker's ``/metrics`` (URLs from the fleet file), the gateway's ``/metrics``, and the worker
 states the controller publishes — read from the store when ``GEARSHIFT_REDIS_URL`` is set, otherwise through
 the gateway's admin API (which serves them from the store of a ``gearshift up`` process).
@@ -148,10 +148,15 @@ _WORKER_COLUMNS: tuple[tuple[str, JustifyMethod], ...] = (
 )  # fmt: skip
 
 
-def _cells(r: WorkerRow) -> list[str]:
+_POOL_COLUMN: tuple[str, JustifyMethod] = ("pool", "left")
+"""The worker's pool in the fleet plan: a column after the model on a wide terminal, else before its decision."""
+
+
+def _cells(r: WorkerRow, *, pool: bool) -> list[str]:
     return [
         r.worker_id,
         r.model,
+        *([r.pool or "–"] if pool else []),
         _k(r),
         _num(r.accepted_length, ".2f"),
         f"{_num(r.running, '.0f')}/{_num(r.waiting, '.0f')}",
@@ -166,11 +171,11 @@ def workers_table(rows: list[WorkerRow], *, width: int) -> RenderableType:
     """The workers, laid out for a terminal ``width`` columns wide; no row wraps."""
     if width >= WIDE_COLUMNS:
         table = Table(title="workers", title_justify="left", expand=True)
-        for name, justify in _WORKER_COLUMNS:
+        for name, justify in (*_WORKER_COLUMNS[:2], _POOL_COLUMN, *_WORKER_COLUMNS[2:]):
             table.add_column(name, justify=justify, no_wrap=True)
         table.add_column("last decision", no_wrap=True, overflow="ellipsis", ratio=1)
         for r in rows:
-            table.add_row(*_cells(r), r.reason)
+            table.add_row(*_cells(r, pool=True), r.reason)
         return table
     table = Table(
         title="workers", title_justify="left", expand=True, box=box.SIMPLE_HEAD, show_edge=False,
@@ -182,8 +187,8 @@ def workers_table(rows: list[WorkerRow], *, width: int) -> RenderableType:
     decisions.add_column(no_wrap=True)
     decisions.add_column(no_wrap=True, overflow="ellipsis", ratio=1)
     for r in rows:
-        table.add_row(*_cells(r))
-        decisions.add_row(r.worker_id, r.reason)
+        table.add_row(*_cells(r, pool=False))
+        decisions.add_row(r.worker_id, f"[{r.pool}] {r.reason}" if r.pool else r.reason)
     return Group(table, "last decisions", decisions)
 
 

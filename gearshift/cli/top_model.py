@@ -36,6 +36,8 @@ class GatewaySample:
 
     requests: Mapping[str, float] = field(default_factory=dict)
     tpot_buckets: Mapping[str, Mapping[float, float]] = field(default_factory=dict)
+    pools: Mapping[str, str] = field(default_factory=dict)
+    """Worker id → its pool under the fresh fleet plan the gateway follows (absent: none)."""
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,8 @@ class WorkerRow:
     reason: str
     status: str
     """``ok``, ``down`` (no metrics), ``unhealthy`` (gateway probe failing) or ``stale`` (controller flag)."""
+    pool: str | None = None
+    """Its pool in the fleet plan the gateway follows; None: no fresh plan places it."""
 
 
 @dataclass(frozen=True)
@@ -76,15 +80,18 @@ class TenantRow:
 
 
 def parse_gateway(text: str) -> GatewaySample:
-    """Requests per tenant and TPOT buckets per tier from the gateway's exposition text."""
+    """Requests per tenant, TPOT buckets per tier and the workers' pools from the gateway's exposition text."""
     requests: dict[str, float] = defaultdict(float)
     buckets: dict[str, dict[float, float]] = defaultdict(lambda: defaultdict(float))
+    pools: dict[str, str] = {}
     for name, labels, value in exposition_samples(text):
         if name == f"{gm.REQUESTS}_total":
             requests[labels.get("tenant", "")] += value
         elif name == f"{gm.TPOT}_bucket":
             buckets[labels.get("tier", "")][float(labels["le"])] += value
-    return GatewaySample(dict(requests), {tier: dict(b) for tier, b in buckets.items()})
+        elif name == gm.WORKER_POOL and value >= 1:
+            pools[labels.get("worker", "")] = labels.get("pool", "")
+    return GatewaySample(dict(requests), {tier: dict(b) for tier, b in buckets.items()}, pools)
 
 
 def histogram_quantile(q: float, buckets: Mapping[float, float]) -> float | None:
@@ -125,7 +132,7 @@ def _known(k: int) -> int | None:
     return k if k >= 0 else None
 
 
-def worker_row(cur: WorkerSample, prev: WorkerSample | None, seconds: float) -> WorkerRow:
+def worker_row(cur: WorkerSample, prev: WorkerSample | None, seconds: float, *, pool: str | None = None) -> WorkerRow:
     scrape, state = cur.scrape, cur.state
     old = prev.scrape if prev is not None else None
     status = "down" if scrape is None else "unhealthy" if cur.healthy is False else "ok"
@@ -145,6 +152,7 @@ def worker_row(cur: WorkerSample, prev: WorkerSample | None, seconds: float) -> 
         usd_per_mtok=state.usd_per_mtok if state is not None else None,
         reason=state.reason if state is not None else "",
         status=status,
+        pool=pool,
     )
 
 
@@ -154,7 +162,8 @@ def worker_rows(prev: Snapshot, cur: Snapshot, fleet: FleetConfig) -> list[Worke
     rows = []
     for worker in fleet.workers:
         sample = cur.workers.get(worker.id) or WorkerSample(worker.id, worker.model)
-        rows.append(worker_row(sample, prev.workers.get(worker.id), seconds))
+        pool = cur.gateway.pools.get(worker.id) if cur.gateway is not None else None
+        rows.append(worker_row(sample, prev.workers.get(worker.id), seconds, pool=pool))
     return rows
 
 

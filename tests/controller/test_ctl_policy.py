@@ -200,3 +200,24 @@ def test_a_k_that_barely_slows_the_slowest_class_may_miss_the_target_for_goodput
     assert [c.k for c in d.candidates if c.feasible] == [fastest.k]
     assert d.k == richest.k
     assert not d.overloaded
+
+
+def test_a_ttft_target_lowers_k_when_long_drafts_slow_the_prefill_steps(lab_profile: Profile) -> None:
+    """Long prompts beside a decode batch: every verified token takes budget from the prefill chunk and time from
+    the step, so a TTFT target between two k's predicted prefill times rules out the longer drafts."""
+    est = make_estimate(lab_profile, batch=16.0, prefill_per_token=20.0, context_per_seq=8000.0)
+    free = decide(est, lab_profile, tpot_target_s=None, config=CFG)
+    prefill = {c.k: c.ttft_s for c in free.candidates if c.ttft_s is not None}
+    assert len(prefill) == len(free.candidates), "every k has a predicted prefill time"
+    ks = sorted(prefill)
+    assert [prefill[k] for k in ks] == sorted(prefill[k] for k in ks), "longer drafts, slower prefill"
+    lower = max(k for k in ks if k < free.k)
+    target = (prefill[lower] + prefill[free.k]) / 2
+    bound = decide(est, lab_profile, tpot_target_s=None, ttft_target_s=target, config=CFG)
+    assert bound.k == lower < free.k
+    assert candidate(bound, free.k).ttft_ok is False
+    assert candidate(bound, lower).ttft_ok
+    assert "TTFT target" in bound.reason
+    unreachable = decide(est, lab_profile, tpot_target_s=None, ttft_target_s=prefill[0] / 2, config=CFG)
+    assert unreachable.k == free.k, "no k meets it: k cannot help, the target is set aside"
+    assert "set aside" in unreachable.reason

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import os
 import sys
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from rich.console import Console
 from bench.procs import free_port
 from fleet.clock import SystemClock
 from fleet.config import FleetConfig, load_tenants
+from fleet.plan import FleetPlan, PoolPlan, publish_plan
 from fleet.scrape import parse_worker_metrics
 from fleet.store.memory import MemoryStore
 from fleet.store.protocol import WorkerState
@@ -159,6 +161,9 @@ async def test_top_once_draws_workers_and_tenants_of_a_running_stack(tmp_path: P
             usd_per_mtok=12.34, reason="probe: positions above k are unobservable",
         )  # fmt: skip
         await store.publish_worker_state(state, ttl_s=120)
+        pools = [PoolPlan(name="fast", classes=["interactive/*"], workers=["sim-0"], k=4),
+                 PoolPlan(name="bulk", classes=["batch/*"], workers=["sim-1"], k=1)]  # fmt: skip
+        await publish_plan(store, FleetPlan(model="kimi-k3", version=1, issued_at=time.time(), ttl_s=600, pools=pools))
         stop = asyncio.Event()
         traffic = asyncio.create_task(drive(url, stop))
         env = {
@@ -180,10 +185,11 @@ async def test_top_once_draws_workers_and_tenants_of_a_running_stack(tmp_path: P
     assert proc.returncode == 0, text
     lines = {line.split("│")[1].strip(): line for line in text.splitlines() if line.count("│") > 5}
     sim0 = [cell.strip() for cell in lines["sim-0"].split("│")[1:-1]]
-    assert sim0[:4] == ["sim-0", "kimi-k3", "4/2 ≠", "2.46"]
-    assert sim0[7:9] == ["12.34", "ok"]
-    assert sim0[9].startswith("probe: positions above k")
-    tokens = [float(line.split("│")[7].replace(",", "")) for key, line in lines.items() if key.startswith("sim-")]
+    assert sim0[:5] == ["sim-0", "kimi-k3", "fast", "4/2 ≠", "2.46"]
+    assert sim0[8:10] == ["12.34", "ok"]
+    assert sim0[10].startswith("probe: positions above k")
+    assert lines["sim-1"].split("│")[3].strip() == "bulk"
+    tokens = [float(line.split("│")[8].replace(",", "")) for key, line in lines.items() if key.startswith("sim-")]
     assert sum(tokens) > 0, text
     demo = [cell.strip() for cell in lines["demo"].split("│")[1:-1]]
     assert demo[1] == "interactive"

@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from fleet.store.keys import ScopeMismatch
-from fleet.store.protocol import BudgetLimit, Limit, SlotLimit, WindowLimit
+from fleet.store.keys import ScopeMismatch, spend_key
+from fleet.store.protocol import BudgetLimit, Limit, Settlement, SlotLimit, UsageRecord, WindowLimit
 from fleet.store.window import SLOT_RETRY_AFTER_S
 from tests.fleet.store_harness import T0, StoreHarness
 
@@ -174,3 +174,52 @@ async def test_a_call_keeps_to_one_scope(harness: StoreHarness) -> None:
     with pytest.raises(ScopeMismatch):
         await harness.store.settle(windows=(), slots=[slot("x")], spend={"spend:other": 1.0}, now=T0)
     assert (await harness.store.admit([rpm(1, key="rpm:a")], now=T0)).allowed  # the refused call reserved nothing
+
+
+# ------------------------------------------------------------------------- local accounting and replays
+async def test_admit_frees_the_callers_finished_slots_first(harness: StoreHarness) -> None:
+    store = harness.store
+    assert (await store.admit([slot("a", limit=1)], now=T0)).allowed
+    assert not (await store.admit([slot("b", limit=1)], now=T0)).allowed
+    releasing = SlotLimit(key="conc:t", slot_id="b", limit=1, releasing=("a", "never-held"))
+    assert (await store.admit([releasing], now=T0)).allowed  # "a" finished; its settlement has not landed
+    await store.settle(windows=(), slots=[slot("a")], spend={}, now=T0)  # ... and lands late: b keeps its slot
+    assert not (await store.admit([slot("c", limit=1)], now=T0)).allowed
+
+
+async def test_budget_counts_spend_the_store_has_not_billed_yet(harness: StoreHarness) -> None:
+    store = harness.store
+    await store.settle(windows=(), slots=(), spend={"spend:t": 0.5}, now=T0)
+    assert (await store.admit([BudgetLimit(key="spend:t", limit_usd=1.0, pending_usd=0.25)], now=T0)).allowed
+    refusal = await store.admit([BudgetLimit(key="spend:t", limit_usd=1.0, pending_usd=0.5)], now=T0)
+    assert (refusal.allowed, refusal.tripped) == (False, "spend:t")
+
+
+async def test_a_replayed_settlement_is_applied_once(harness: StoreHarness) -> None:
+    store = harness.store
+    assert (await store.admit([tpm(600, limit=1000), slot("a", limit=1)], now=T0)).allowed
+    s = Settlement("a", windows=(tpm(-500, limit=1000, reserved_at=T0),), slots=(slot("a", limit=1),))
+    await store.settle_many([s], now=T0 + 1)
+    await store.settle_many([s, s], now=T0 + 2)  # the spool replays what may already have landed
+    await store.settle(windows=s.windows, slots=s.slots, spend={}, now=T0 + 3, settle_id="a")
+    assert (await store.admit([tpm(900, limit=1000)], now=T0 + 3)).allowed  # 100 + 900: refunded once only
+    assert not (await store.admit([tpm(1, limit=1000)], now=T0 + 3)).allowed
+    other = Settlement("b", windows=(tpm(-1, limit=1000, reserved_at=T0 + 3),))
+    await store.settle_many([other], now=T0 + 3)
+    assert (await store.admit([tpm(1, limit=1000)], now=T0 + 3)).allowed
+
+
+async def test_the_ledger_bills_spend_once_per_request(harness: StoreHarness) -> None:
+    store = harness.store
+    records = [_usage("r1", 0.25), _usage("r2", 0.5)]
+    await store.append_usage_many(records)
+    await store.append_usage_many(records)  # a replay: skipped, nothing billed twice
+    await store.append_usage(_usage("r3", 0.0))
+    assert await store.spent(spend_key("t")) == 0.75
+
+
+def _usage(request_id: str, cost_usd: float) -> UsageRecord:
+    return UsageRecord(
+        request_id=request_id, tenant="t", model="m", worker_id="w", prompt_tokens=1, completion_tokens=1,
+        cost_usd=cost_usd, status="ok", at=T0,
+    )  # fmt: skip

@@ -20,7 +20,7 @@ from fleet.store.factory import build_store
 from fleet.store.keys import StoreMisconfigured
 from fleet.store.memory import MemoryStore
 from fleet.store.protocol import Admission, BudgetLimit, Limit, SlotLimit, UsageRecord, WindowLimit
-from fleet.store.redis import RedisStore
+from fleet.store.redis import NotReplicated, RedisStore
 from tests.fleet.conftest import redis_store
 from tests.fleet.store_harness import T0
 
@@ -76,7 +76,8 @@ async def test_every_key_carries_the_prefix_and_a_hash_tag(redis_url: str, key_p
         tagged |= {f"{key_prefix}{{t:t}}:ledger:{part}" for part in ("stream", "index", "rollup", "ids")}
         tagged |= {f"{key_prefix}{{lease:l}}", f"{key_prefix}{{ejected}}:until", f"{key_prefix}{{ledger}}:tenants"}
         assert tagged <= mine
-        assert not [k for k in keys if k.startswith(("w", "s", "spend", "lease", "ejected", "usage", "{"))]
+        unprefixed = ("w:", "s:", "spend:", "settled:", "lease", "ejected", "usage", "{")
+        assert not [k for k in keys if k.startswith(unprefixed)]
     finally:
         await store.close()
         await probe.aclose()
@@ -280,3 +281,22 @@ async def test_memory_and_redis_ledgers_agree_exactly(
         assert whole.requests == sum(r.tenant == "a" for r in records)
     finally:
         await shared.close()
+
+
+async def test_a_ledger_append_waits_for_the_replicas_it_is_told_to(
+    redis_kind: str, key_prefix: str, request: pytest.FixtureRequest
+) -> None:
+    """On the single Redis (no replica) a record cannot be replicated: the append fails, so the gateway keeps it
+    spooled; on the cluster (one replica per master) it returns once the replica has it."""
+    url = request.getfixturevalue("redis_cluster_url" if redis_kind == "cluster" else "redis_url")
+    store = RedisStore.from_url(url, prefix=key_prefix, cluster=redis_kind == "cluster", wait_replicas=1)
+    try:
+        await store.verify()
+        if redis_kind == "cluster":
+            await store.append_usage(_record())
+            assert (await store.usage("t", since=0, until=T0 + 100)).requests == 1
+        else:
+            with pytest.raises(NotReplicated):
+                await store.append_usage(_record())
+    finally:
+        await store.close()

@@ -210,7 +210,7 @@ async def test_the_openapi_examples_are_requests_that_succeed(gateway: RunningGa
     """A client generator or fuzzer reading the document has one request per completion operation that works."""
     paths = (await _openapi(gateway))["paths"]
     async with gateway.client() as c:
-        for path in ("/v1/chat/completions", "/v1/completions"):
+        for path in ("/v1/chat/completions", "/v1/completions", "/v1/responses"):
             example = paths[path]["post"]["requestBody"]["content"]["application/json"]["example"]
             assert example["model"] == MODEL
             r = await c.post(path, json=example)

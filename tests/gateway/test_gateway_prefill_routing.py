@@ -43,7 +43,7 @@ async def test_queue_score_counts_prompt_tokens_per_slot() -> None:
     a.in_flight = 2
     a.prefill_tokens = 3 * 512
     scores = await QueueScorer(prefill_tokens_per_slot=512)(CTX, [a, b])
-    assert scores == pytest.approx([1.0 - 5 / slots, 1.0])
+    assert scores == pytest.approx([slots / (slots + 5), 1.0])
 
 
 def test_the_queue_scorer_rejects_a_bad_budget() -> None:

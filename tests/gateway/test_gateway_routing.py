@@ -43,10 +43,18 @@ def ctx(tier: TierConfig) -> RouteContext:
     return RouteContext(model=MODEL, tier=tier, now=1000.0)
 
 
-async def test_queue_scorer_is_free_share_of_batch_slots() -> None:
+async def test_queue_scorer_is_batch_slots_over_slots_plus_load() -> None:
     fast, bulk = views(FAST, BULK)
     bulk.in_flight = 60  # our own count beats a stale published one
-    assert await QueueScorer()(ctx(BATCH), [fast, bulk]) == pytest.approx([1 - 2 / 64, 1 - 60 / 64])
+    assert await QueueScorer()(ctx(BATCH), [fast, bulk]) == pytest.approx([64 / (64 + 2), 64 / (64 + 60)])
+
+
+async def test_queue_scorer_still_ranks_workers_past_a_full_batch() -> None:
+    """Far past a full batch (a burst of long prompts) one more request still lowers the score."""
+    a, b = views(None, None)
+    a.in_flight, b.in_flight = 640, 641
+    a_score, b_score = await QueueScorer()(ctx(BATCH), [a, b])
+    assert a_score > b_score > 0
 
 
 async def test_kv_scorer() -> None:
@@ -62,6 +70,19 @@ async def test_speculation_scorer_by_preference() -> None:
     assert await SpeculationScorer()(ctx(BATCH), no_cost) == pytest.approx([0.0, 1 - 2 / 8])
     neutral = TierConfig(speculation=SpeculationPreference.NEUTRAL)
     assert await SpeculationScorer()(ctx(neutral), ws) == [0.5, 0.5, 0.5]
+    flagged = views(FAST, {**BULK, "overloaded": True})
+    assert await SpeculationScorer()(ctx(neutral), flagged) == [0.5, 0.5], "no preference: load alone places it"
+
+
+async def test_speed_score_falls_with_the_load_routed_since_the_publish() -> None:
+    """A burst lands within one tick: the worker sent more than its published load loses its speed edge."""
+    fast, other = views(FAST, {**FAST, "tpot_predicted_s": 0.015})
+    before = await SpeculationScorer()(ctx(INTERACTIVE), [fast, other])
+    assert before[0] > before[1]
+    fast.in_flight, fast.prefill_tokens = 6, 2048  # published running 2: 4 requests and 2 slots of prefill since
+    after = await SpeculationScorer()(ctx(INTERACTIVE), [fast, other])
+    assert after == pytest.approx([(1 + 2) / (1 + 6 + 2), before[1]])
+    assert after[0] < after[1]
 
 
 async def test_speed_score_is_penalised_past_the_tpot_target_and_zero_when_overloaded() -> None:

@@ -195,10 +195,12 @@ async def test_admit_then_settle_releases_the_slot_and_refunds_tokens() -> None:
     with pytest.raises(RateLimited) as refused:
         await admitter.admit(tenant, request_id="r2", tokens=10)
     assert refused.value.limit == "concurrency"
-    await admitter.settle(ticket, used_tokens=20, cost_usd=0.25)
-    await admitter.settle(ticket, used_tokens=20, cost_usd=0.25)  # idempotent
-    assert await store.spent("spend:alpha") == 0.25
-    await admitter.settle(await admitter.admit(tenant, request_id="r3", tokens=80), used_tokens=80, cost_usd=0.0)
+    settlement = await admitter.finish(ticket, used_tokens=20, cost_usd=0.25)
+    assert settlement is not None
+    assert await admitter.finish(ticket, used_tokens=20, cost_usd=0.25) is None  # idempotent
+    await store.settle_many([settlement, settlement], now=clock.wall())  # a replay is applied once
+    refilled = await admitter.admit(tenant, request_id="r3", tokens=80)
+    assert await admitter.finish(refilled, used_tokens=80, cost_usd=0.0) is not None
     with pytest.raises(RateLimited) as refused:
         await admitter.admit(tenant, request_id="r4", tokens=1)
     assert refused.value.limit == "tpm"
@@ -226,7 +228,7 @@ async def test_store_outage_fails_open_on_local_limits_or_closed() -> None:
     assert all(t.local for t in tickets)
     with pytest.raises(RateLimited):  # half of rpm 4, enforced locally
         await fail_open.admit(tenant, request_id="r3", tokens=1)
-    await fail_open.settle(tickets[0], used_tokens=1, cost_usd=0.0)  # settles locally: no store error
+    assert await fail_open.finish(tickets[0], used_tokens=1, cost_usd=0.0) is None  # settled locally
     assert tickets[0].settled
     fail_closed = Admitter(BrokenStore(clock=clock), clock=clock, metrics=metrics, failure_mode="closed")
     with pytest.raises(StoreUnavailable):

@@ -73,6 +73,8 @@ class RequestSpec:
     max_tokens: int
     priority: int = 0
     tag: str = ""
+    block_hashes: Sequence[int] = ()
+    """Hashes of the prompt's full KV blocks, for the engines' prefix caches (``workers.sim.prompt_tokens``)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -82,7 +82,7 @@ class RealTimeDriver:
             except Exception:
                 self.step_errors += 1
                 log.exception("engine step failed; aborting its requests")
-                self._abort_all()
+                self.abort_all()
                 continue
             end_s = start_s + out.duration_s
             # Sleep until the step's end rather than for its length, so our own overhead does not slow the clock.
@@ -96,7 +96,8 @@ class RealTimeDriver:
             for rid in finished:
                 self._sinks.pop(rid, None)
 
-    def _abort_all(self) -> None:
+    def abort_all(self) -> None:
+        """Abort every request in the engine; each sink gets a failed last delivery."""
         for rid, (sink, choice) in list(self._sinks.items()):
             self.abort(rid)
             sink.put_nowait(Delivery(choice, 0, finished=True, failed=True))

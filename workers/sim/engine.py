@@ -16,7 +16,9 @@ One step, as vLLM V1 schedules it:
    position with the profile's conditional probabilities at its current context length (seeded RNG).
    With adaptive verification on (``workers.sim.adaptive``), k is the cap: every decoding request drafts k
    tokens, the engine verifies a per-request prefix of them chosen from the confidence head and the profiled
-   step cost, and the step is timed at what it verified.
+   step cost, and the step is timed at what it verified. A k = 0 step on an engine started with its drafter
+   (``drafter_loaded``, the default) pays the profile's idle-drafter tax (``DrafterModel.k0_tax``); an engine
+   started without speculation does not.
 
 Counters follow vLLM: a *draft* is one request-step with k > 0; ``num_draft_tokens`` grows by the drafts
 verified (k per draft, or the adaptive choice, which may be 0); accepted tokens are counted per position before
@@ -26,12 +28,14 @@ the ``max_tokens`` cap is applied.
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
 
 from fleet.perf import Profile, StepShape, conditional_acceptance, step_time
 from fleet.speculation import SpeculationControl
 from workers.sim.adaptive import AdaptiveVerification, AdaptiveVerifier, VerifyPlan, probits
+from workers.sim.prefix_cache import PrefixCache
 from workers.sim.scheduler import SchedulingPolicy, WaitingQueue, make_queue
 from workers.sim.stats import EngineStats
 
@@ -54,6 +58,11 @@ class SimRequest:
     """Lower runs first under priority scheduling (vLLM semantics)."""
     arrival_s: float = 0.0
     """Engine-clock time the request arrived, seconds (for queue time and TTFT)."""
+    block_hashes: Sequence[int] = ()
+    """Hashes of the prompt's full KV blocks (``workers.sim.prompt_tokens``), for the prefix cache."""
+    cached_tokens: int = 0
+    """Set by the engine: prompt tokens found in its prefix cache when first scheduled (vLLM's
+    ``num_cached_tokens``)."""
 
 
 @dataclass
@@ -91,6 +100,10 @@ class _Seq:
     """Conditional acceptance per draft position at the current context (cached per bucket)."""
     mus: tuple[float, ...] = ()
     """Probits of ``probs`` (adaptive verification only; cached per bucket)."""
+    held: list[int] = field(default_factory=list)
+    """Hashes of the prefix-cache blocks among ``blocks`` (hit or registered by this request)."""
+    registered: int = 0
+    """Leading prompt blocks already hit or offered to the prefix cache."""
 
     @property
     def sort_key(self) -> tuple[int, float, int]:
@@ -139,6 +152,8 @@ class EngineCore:
         kv_capacity_tokens: int | None = None,
         max_num_batched_tokens: int | None = None,
         adaptive: AdaptiveVerification | None = None,
+        drafter_loaded: bool = True,
+        prefix_caching: bool = True,
     ) -> None:
         if max_num_seqs < 1:
             raise ValueError(f"max_num_seqs: must be ≥ 1, got {max_num_seqs}")
@@ -166,6 +181,11 @@ class EngineCore:
         self._probit_cache: dict[tuple[str, int], tuple[float, ...]] = {}
         self.adaptive: AdaptiveVerifier | None = None
         """Adaptive verification (None: every decoding request verifies the schedule's k)."""
+        self.drafter_loaded = drafter_loaded
+        self.prefix_cache = PrefixCache() if prefix_caching else None
+        """vLLM's automatic prefix caching (``--enable-prefix-caching``, on by default in V1); None: off."""
+        """The engine was started with its drafter (a speculative config): its k = 0 steps pay the idle-drafter
+        tax. False: started without speculation, so it decodes at k = 0 whatever its schedule says."""
         if adaptive is not None:
             self.set_adaptive_verification(adaptive)
 
@@ -231,7 +251,7 @@ class EngineCore:
         """Schedule, time and execute one engine iteration starting at ``now_s`` (which it does not advance)."""
         self.control.expire()
         ready = sum(map(_DECODING, self._running))
-        k = min(self.control.k_for(ready), self.k_max) if ready else 0
+        k = min(self.control.k_for(ready), self.k_max) if ready and self.drafter_loaded else 0
         batch = _Batch(k=k, budget=self.max_num_batched_tokens)
         self._schedule_running(batch)
         if not batch.preempted:
@@ -242,6 +262,7 @@ class EngineCore:
             k=k if batch.decode else 0,
             context_tokens=sum(map(_COMPUTED, batch.decode)),
             prefill_tokens=prefill_tokens,
+            drafter_loaded=self.drafter_loaded,
         )
         plan = self._plan_adaptive(batch, shape) if self.adaptive is not None and shape.k > 0 else None
         t = plan.time if plan is not None else step_time(self.profile, shape)
@@ -294,7 +315,7 @@ class EngineCore:
             self._preempt(victim, batch)
             if victim is seq:
                 return False
-        self._free_blocks -= need
+        self._take_blocks(need)
         seq.blocks += need
         return True
 
@@ -324,12 +345,16 @@ class EngineCore:
         while len(self._waiting) and batch.budget > 0 and len(self._running) < self.max_num_seqs:
             seq = self._waiting.peek()
             assert seq is not None
-            n = min(seq.total - seq.computed, batch.budget)
-            need = -(-(seq.computed + n) // KV_BLOCK_TOKENS) - seq.blocks
-            if need > self._free_blocks:
+            hit, taken = self._cache_lookup(seq)
+            computed = seq.computed + hit * KV_BLOCK_TOKENS
+            n = min(seq.total - computed, batch.budget)
+            need = -(-(computed + n) // KV_BLOCK_TOKENS) - seq.blocks - hit
+            if need + taken > self._free_blocks:
                 break
             self._waiting.pop()
-            self._free_blocks -= need
+            if self.prefix_cache is not None and seq.computed == 0:
+                self._use_cached(seq, hit, taken)
+            self._take_blocks(need)
             seq.blocks += need
             self._running.append(seq)
             if seq.scheduled_s is None:
@@ -402,11 +427,14 @@ class EngineCore:
         new_prompt = 0
         for seq, n in batch.prefill:
             seq.computed += n
+            if seq.registered < len(seq.req.block_hashes) and self.prefix_cache is not None:
+                self._register_blocks(seq)
             if seq.computed < seq.total:
                 continue  # more prompt chunks to go
             seq.decoding = True
             if seq.first_token_s is None:
                 new_prompt += seq.req.prompt_tokens
+                self._stats.prompt_tokens_cached += seq.req.cached_tokens
                 seq.first_token_s = end_s
                 self._stats.ttft_s.observe(end_s - seq.req.arrival_s)
             else:
@@ -443,8 +471,57 @@ class EngineCore:
             st.tpot_s.observe((seq.last_token_s - seq.first_token_s) / (seq.output_tokens - 1))
 
     def _free(self, seq: _Seq) -> None:
-        self._free_blocks += seq.blocks
+        freed = seq.blocks
+        if seq.held:
+            assert self.prefix_cache is not None
+            freed += self.prefix_cache.release(seq.held) - len(seq.held)  # shared blocks stay in use
+            seq.held = []
+        self._free_blocks += freed
         seq.blocks = 0
+
+    # -------------------------------------------------------------------------------------- prefix cache
+    def _take_blocks(self, n: int) -> None:
+        """Use ``n`` free blocks: never-cached ones first, then the least recently used cached ones."""
+        cache = self.prefix_cache
+        if cache is not None:
+            short = n - (self._free_blocks - cache.evictable)
+            if short > 0:
+                cache.evict(short)
+        self._free_blocks -= n
+
+    def _cache_lookup(self, seq: _Seq) -> tuple[int, int]:
+        """``(hit, evictable)`` blocks of a waiting request's prompt in the prefix cache (``PrefixCache.lookup``),
+        at most ``(tokens − 1) // 16`` blocks: vLLM recomputes the last token to get its logits."""
+        hashes = seq.req.block_hashes
+        if self.prefix_cache is None or not hashes or seq.computed:
+            return 0, 0
+        return self.prefix_cache.lookup(hashes, (seq.total - 1) // KV_BLOCK_TOKENS)
+
+    def _use_cached(self, seq: _Seq, hit: int, taken: int) -> None:
+        """Admit ``seq`` onto its ``hit`` cached blocks (``taken`` of them were evictable, counted as free);
+        count the lookup as vLLM does: a request's first scheduling only, in tokens."""
+        assert self.prefix_cache is not None
+        held = list(seq.req.block_hashes[:hit])
+        self.prefix_cache.acquire(held)
+        seq.held, seq.registered = held, hit
+        seq.blocks += hit
+        seq.computed = hit * KV_BLOCK_TOKENS
+        self._free_blocks -= taken
+        if seq.scheduled_s is None:
+            seq.req.cached_tokens = seq.computed
+            self._stats.prefix_cache_queries += seq.req.prompt_tokens
+            self._stats.prefix_cache_hits += seq.computed
+
+    def _register_blocks(self, seq: _Seq) -> None:
+        """Offer the prompt blocks ``seq`` has now computed in full to the prefix cache."""
+        assert self.prefix_cache is not None
+        hashes = seq.req.block_hashes
+        full = min(seq.computed, seq.req.prompt_tokens) // KV_BLOCK_TOKENS
+        full = min(full, len(hashes))
+        for i in range(seq.registered, full):
+            if self.prefix_cache.register(hashes[i]):
+                seq.held.append(hashes[i])
+        seq.registered = max(seq.registered, full)
 
     def _account(self, target_s: float, drafter_s: float, generated: int, new_prompt: int) -> None:
         st = self._stats

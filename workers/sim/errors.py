@@ -48,6 +48,11 @@ class Conflict(SimApiError):
     error_type = "ConflictError"
 
 
+class Unavailable(SimApiError):
+    status = 503
+    error_type = "ServiceUnavailableError"
+
+
 def error_body(message: str, error_type: str, status: int, *, param: str | None = None) -> dict[str, Any]:
     return {"error": {"message": message, "type": error_type, "param": param, "code": status}}
 

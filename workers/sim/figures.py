@@ -20,6 +20,9 @@ figure is measured in the simulator:
   decode, which is what vLLM's counters report per run.
 - ``serving_sweep`` (benchmarks): the figure's workload as N closed-loop streams at k = 0 and at its fixed k,
   ``max_num_seqs`` as the figure states; throughput measured as for ``concurrency_sweep``.
+
+Every k = 0 ("no speculation") figure runs on a worker started without a drafter, as its source measured it, so
+it pays no idle-drafter tax (``fleet.perf.IdleDrafterTax``); every other figure runs with the drafter loaded.
 - ``acceptance_length`` (benchmarks): one closed-loop stream of the figure's class (1024-token prompts,
   1024-token answers) at each fixed k; vLLM's mean acceptance length over the run.
 """
@@ -73,11 +76,10 @@ SINGLE_STREAM_S = 80.0
 
 # -------------------------------------------------------------------------------------- the scenarios
 def single_stream_tok_s(profile: Profile, *, k: int, seed: int = 1) -> float:
-    """Decode rate of one maths stream at draft length k, tokens/s per user."""
+    """Decode rate of one maths stream at draft length k, tokens/s per user (k = 0: without a drafter)."""
     clock = ManualClock()
-    lab = VirtualLab(
-        [make_worker(profile, "w0", clock, k=k, seed=seed)], closed_loop(1, SINGLE_STREAM_MIX), clock=clock
-    )
+    worker = make_worker(profile, "w0", clock, k=k, seed=seed, drafter_loaded=k > 0)
+    lab = VirtualLab([worker], closed_loop(1, SINGLE_STREAM_MIX), clock=clock)
     done = lab.run(SINGLE_STREAM_S).finished()
     if not done:
         raise RuntimeError(f"single stream at k={k}: no request finished in {SINGLE_STREAM_S} s")
@@ -94,10 +96,10 @@ def aggregate_tok_s(
     seed: int = 1,
 ) -> float:
     """Aggregate output throughput of ``concurrency`` closed-loop streams of ``mix`` at draft length ``k``,
-    tokens/s; ``max_num_seqs`` defaults to the profile's."""
+    tokens/s; ``max_num_seqs`` defaults to the profile's. k = 0 runs without a drafter (no speculative config)."""
     clock = ManualClock()
     seqs = max_num_seqs or profile.serving.max_num_seqs
-    worker = make_worker(profile, "w0", clock, k=k, max_num_seqs=seqs, seed=seed)
+    worker = make_worker(profile, "w0", clock, k=k, max_num_seqs=seqs, seed=seed, drafter_loaded=k > 0)
     lab = VirtualLab([worker], closed_loop(concurrency, mix), clock=clock, seed=seed)
     end_s = SWEEP_WARMUP_S + SWEEP_WINDOW_S
     return lab.run(end_s).throughput(SWEEP_WARMUP_S, end_s)

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 
 from workers.sim.driver import Delivery, RealTimeDriver
 from workers.sim.engine import SimRequest
 from workers.sim.text import TextStream, choice_seed, pseudo_eos_length
+from workers.sim.tools import ScriptedText
 
 
 class EngineFailed(RuntimeError):
@@ -29,6 +30,8 @@ class PromptSpec:
     key: object
     """What identifies the prompt's content (its text or token ids), for the text seed."""
     tokens: int
+    block_hashes: Sequence[int] = ()
+    """Hashes of its full KV blocks, for the prefix cache (``workers.sim.prompt_tokens``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +52,9 @@ class GenerationSpec:
     eos_mean_tokens: int | None
     worker_seed: int
     """Seeds unseeded sampled text only."""
+    script: str | None = None
+    """A fixed output instead of generated words (a tool call's arguments, ``workers.sim.tools``): every choice
+    gives it out, ends with ``stop`` once it is complete, or with ``length`` when ``max_tokens`` cuts it short."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +76,7 @@ class ChoiceDelta:
 class _Choice:
     index: int
     request_id: str
-    text: TextStream
+    text: TextStream | ScriptedText
     eos_stop: bool
     tokens: int = 0
     pending: str = ""
@@ -86,6 +92,8 @@ class Generation:
     id_prefix: str = "cmpl"
     request_id: str = field(init=False)
     choices: list[_Choice] = field(init=False, default_factory=list)
+    _first_requests: list[SimRequest] = field(init=False, default_factory=list)
+    """Each prompt's first choice on the engine (where its prefix-cache hit is recorded)."""
     _queue: asyncio.Queue[Delivery] = field(init=False, default_factory=asyncio.Queue)
 
     def __post_init__(self) -> None:
@@ -98,6 +106,11 @@ class Generation:
     @property
     def completion_tokens(self) -> int:
         return sum(c.tokens for c in self.choices)
+
+    @property
+    def cached_tokens(self) -> int:
+        """Prompt tokens found in the engine's prefix cache (each prompt's first choice, as vLLM reports it)."""
+        return sum(r.cached_tokens for r in self._first_requests)
 
     def choice_usage(self, index: int) -> tuple[int, int]:
         """(prompt tokens, completion tokens so far) of one choice, as vLLM's per-choice streaming usage."""
@@ -127,12 +140,21 @@ class Generation:
         )
         limit = spec.max_tokens[p_index]
         eos_stop = False
-        if spec.eos_mean_tokens is not None and not spec.ignore_eos:
+        text: TextStream | ScriptedText = TextStream(seed)
+        if spec.script is not None:
+            text = ScriptedText(spec.script)
+            eos_stop, limit = text.tokens <= limit, min(limit, text.tokens)
+        elif spec.eos_mean_tokens is not None and not spec.ignore_eos:
             natural = pseudo_eos_length(seed ^ 0x5EED, spec.eos_mean_tokens)
             eos_stop, limit = natural < limit, min(limit, natural)
-        choice = _Choice(index, f"{self.request_id}-{index}", TextStream(seed), eos_stop)
-        req = SimRequest(choice.request_id, prompt.tokens, limit, spec.workload, priority=spec.priority)
+        choice = _Choice(index, f"{self.request_id}-{index}", text, eos_stop)
+        req = SimRequest(
+            choice.request_id, prompt.tokens, limit, spec.workload, priority=spec.priority,
+            block_hashes=prompt.block_hashes,
+        )  # fmt: skip
         self.driver.submit(req, self._queue, index)
+        if i == 0:
+            self._first_requests.append(req)
         self.choices.append(choice)
 
     def abort(self) -> None:

@@ -10,6 +10,7 @@ on a choice's last chunk, then the usage chunk if ``stream_options.include_usage
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, TypeVar
 
 import orjson
@@ -18,8 +19,10 @@ from pydantic import BaseModel, ValidationError
 
 from workers.sim.errors import BadRequest, NotFound, error_body, from_validation_error
 from workers.sim.generation import ChoiceDelta, EngineFailed, Generation, GenerationSpec, PromptSpec
+from workers.sim.prompt_tokens import block_hashes, chat_token_text, text_token_text
 from workers.sim.protocol import ChatCompletionRequest, CompletionRequest, _GenerationRequest
 from workers.sim.text import count_chat_tokens, count_text_tokens, is_greedy
+from workers.sim.tools import ChatRendering, plan_tool_call, tool_prompt_tokens
 from workers.sim.worker import WORKER, SimWorker
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
@@ -114,9 +117,20 @@ def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
     }
 
 
-def _response_usage(g: Generation) -> dict[str, Any]:
+def _response_usage(worker: SimWorker, g: Generation) -> dict[str, Any]:
     """vLLM's usage block of a non-streamed response."""
-    return {**_usage(g.prompt_tokens, g.completion_tokens), "prompt_tokens_details": None}
+    details = None
+    if worker.settings.enable_prompt_tokens_details:
+        details = {"cached_tokens": g.cached_tokens, "created_cache_tokens": None, "multimodal_tokens": None}
+    return {**_usage(g.prompt_tokens, g.completion_tokens), "prompt_tokens_details": details}
+
+
+def _final_usage(worker: SimWorker, g: Generation) -> dict[str, Any]:
+    """vLLM's usage block of a stream's usage chunk (serialised without its null fields)."""
+    usage = _usage(g.prompt_tokens, g.completion_tokens)
+    if worker.settings.enable_prompt_tokens_details:
+        usage["prompt_tokens_details"] = {"cached_tokens": g.cached_tokens}
+    return usage
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
@@ -128,7 +142,8 @@ async def completions(request: web.Request) -> web.StreamResponse:
     prompts = []
     for p in body.prompts():
         tokens = body.gearshift_prompt_tokens or (count_text_tokens(p) if isinstance(p, str) else len(p))
-        prompts.append(PromptSpec(p if isinstance(p, str) else tuple(p), tokens))
+        hashes = block_hashes(text_token_text(p) if isinstance(p, str) else p, length=tokens)
+        prompts.append(PromptSpec(p if isinstance(p, str) else tuple(p), tokens, hashes))
     limits = [_completion_limit(worker, p.tokens, body.max_tokens, COMPLETIONS_DEFAULT_MAX_TOKENS) for p in prompts]
     generation = _start(worker, _spec(worker, request, body, prompts, limits), "cmpl")
     head = {
@@ -164,18 +179,23 @@ async def completions(request: web.Request) -> web.StreamResponse:
         }
         for i in sorted(texts)
     ]
-    return web.json_response({**head, "choices": choices, "usage": _response_usage(generation)}, dumps=_dumps)
+    return web.json_response({**head, "choices": choices, "usage": _response_usage(worker, generation)}, dumps=_dumps)
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     worker = request.app[WORKER]
     body = await read_body(request, ChatCompletionRequest)
     _check_common(worker, body)
+    messages = [m.model_dump() for m in body.messages]
+    call = plan_tool_call(body.tools, body.tool_choice, messages, model=worker.settings.model)
+    rendering = ChatRendering(call)
     contents = [m.text() for m in body.messages]
-    tokens = body.gearshift_prompt_tokens or count_chat_tokens(contents)
-    prompt = PromptSpec(tuple((m.role, c) for m, c in zip(body.messages, contents, strict=True)), tokens)
+    tokens = body.gearshift_prompt_tokens or count_chat_tokens(contents) + tool_prompt_tokens(body.tools, messages)
+    turns = tuple((m.role, c) for m, c in zip(body.messages, contents, strict=True))
+    prompt = PromptSpec(turns, tokens, block_hashes(chat_token_text(turns), length=tokens))
     limit = _completion_limit(worker, tokens, body.requested_max_tokens(), worker.settings.default_max_tokens)
-    generation = _start(worker, _spec(worker, request, body, [prompt], [limit]), "chatcmpl")
+    spec = _spec(worker, request, body, [prompt], [limit])
+    generation = _start(worker, spec if call is None else replace(spec, script=call.arguments), "chatcmpl")
     model = worker.settings.model
     head = {
         "id": generation.request_id,
@@ -187,9 +207,9 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     def chunk(d: ChoiceDelta) -> dict[str, Any]:
         choice: dict[str, Any] = {
             "index": d.index,
-            "delta": {"content": d.text},
+            "delta": rendering.delta(d.index, d.text),
             "logprobs": None,
-            "finish_reason": d.finish_reason,
+            "finish_reason": rendering.finish_reason(d.finish_reason),
         }
         if d.finish_reason is not None:
             choice["stop_reason"] = d.stop_reason
@@ -208,14 +228,14 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     choices: list[dict[str, Any]] = [
         {
             "index": i,
-            "message": {"role": "assistant", "content": texts[i], "reasoning_content": None, "tool_calls": []},
+            "message": rendering.message(texts[i]),
             "logprobs": None,
-            "finish_reason": finish[i][0],
+            "finish_reason": rendering.finish_reason(finish[i][0]),
             "stop_reason": finish[i][1],
         }
         for i in sorted(texts)
     ]
-    response = {**head, "object": "chat.completion", "choices": choices, "usage": _response_usage(generation)}
+    response = {**head, "object": "chat.completion", "choices": choices, "usage": _response_usage(worker, generation)}
     return web.json_response(response, dumps=_dumps)
 
 
@@ -263,7 +283,7 @@ async def _stream(
                     await _send(response, with_usage(role_chunk(c.index), c.index, completion_tokens=0))
             await _send(response, with_usage(chunk(d), d.index))
         if options is not None and options.include_usage:
-            usage = _usage(generation.prompt_tokens, generation.completion_tokens)
+            usage = _final_usage(request.app[WORKER], generation)
             await _send(response, {**head, "choices": [], "usage": usage})
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 
 from fleet.clock import Clock, SystemClock
-from workers.sim import control_api, openai_api
+from workers.sim import control_api, openai_api, responses_api, restart_api
 from workers.sim.errors import error_middleware
 from workers.sim.exposition import CONTENT_TYPE
 from workers.sim.settings import SimWorkerSettings
@@ -57,14 +57,16 @@ async def metrics(request: web.Request) -> web.Response:
 def create_app(settings: SimWorkerSettings, *, clock: Clock | None = None) -> web.Application:
     """The worker's aiohttp application; its engine loop runs from app start-up to clean-up."""
     worker = SimWorker(settings, clock=clock or SystemClock())
-    app = web.Application(middlewares=[error_middleware], client_max_size=64 * 1024 * 1024)
+    app = web.Application(middlewares=[error_middleware, restart_api.restart_gate], client_max_size=64 * 1024 * 1024)
     app[WORKER] = worker
     app.router.add_get("/health", health)
     app.router.add_get("/version", version)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/metrics", metrics)
     openai_api.add_routes(app)
+    responses_api.add_routes(app)
     control_api.add_routes(app)
+    restart_api.add_routes(app)
 
     async def lifespan(app: web.Application) -> AsyncIterator[None]:
         await worker.start()

@@ -46,6 +46,13 @@ class SimWorkerSettings(BaseSettings):
     """DSpark adaptive verification: the engine chooses per step how many of the drafted tokens to verify (from a
     confidence head and the profiled step cost); the speculation schedule's k becomes the cap
     (``workers.sim.adaptive``). Exported as ``gearshift_worker_adaptive_verification``."""
+    enable_prefix_caching: bool = True
+    """vLLM's ``--enable-prefix-caching`` (on by default in vLLM V1): requests sharing a prompt beginning reuse its
+    cached KV blocks and skip their prefill (``workers.sim.prefix_cache``)."""
+    enable_prompt_tokens_details: bool = True
+    """vLLM's ``--enable-prompt-tokens-details``: the usage block carries ``prompt_tokens_details.cached_tokens``.
+    Off by default in vLLM; on here, as gearshift's launcher turns it on for real workers, so the gateway can
+    meter cached prompt tokens."""
     speedup: Annotated[float, Field(gt=0, le=10_000)] = 1.0
     """Simulated seconds per real second: 1.0 is real time; tests run faster."""
     default_workload: str | None = None

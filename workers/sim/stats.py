@@ -74,6 +74,12 @@ class EngineStats:
     generation_tokens: int = 0
     prompt_tokens: int = 0
     """Prompt tokens of requests whose first token was produced (vLLM counts a prompt once, at its first token)."""
+    prefix_cache_queries: int = 0
+    """Prompt tokens looked up in the prefix cache (each request once, at its first scheduling)."""
+    prefix_cache_hits: int = 0
+    """Of those, tokens found cached (they skip prefill)."""
+    prompt_tokens_cached: int = 0
+    """Cached prompt tokens of requests whose first token was produced (counted with ``prompt_tokens``)."""
     steps: int = 0
     running: int = 0
     waiting: int = 0

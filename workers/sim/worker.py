@@ -1,4 +1,9 @@
-"""A simulated worker's parts, wired from its settings: speculation control, engine, driver, metrics."""
+"""A simulated worker's parts, wired from its settings: speculation control, engine, driver, metrics.
+
+``restart(drafter=…)`` restarts the worker with or without its drafter (the drafter-free gear, issue 14): it
+serves nothing for the profile's ``serving.restart_s`` (in simulated seconds), then comes back with fresh
+counters and a fresh speculation control, as a restarted vLLM would.
+"""
 
 from __future__ import annotations
 
@@ -21,8 +26,16 @@ class SimWorker:
         self.settings = settings
         self.clock = clock
         self.profile = settings.load_profile()
-        k_max = settings.effective_k_max()
-        start_k = settings.start_k if settings.start_k is not None else k_max
+        self.restarting = False
+        self.restarts = 0
+        self._build(drafter=True)
+        self.started_at = clock.wall()
+
+    def _build(self, *, drafter: bool) -> None:
+        """The parts of a worker started with its drafter or without it (k_max 0: k = 0 is all it runs)."""
+        settings, clock = self.settings, self.clock
+        k_max = settings.effective_k_max() if drafter else 0
+        start_k = (settings.start_k if settings.start_k is not None else k_max) if drafter else 0
         self.control = SpeculationControl(
             worker_id=settings.worker_id,
             method=settings.method,
@@ -30,6 +43,7 @@ class SimWorker:
             max_num_seqs=settings.max_num_seqs,
             fallback=uniform_schedule(start_k, max_num_seqs=settings.max_num_seqs),
             clock=clock,
+            full_speed=None if drafter else ((0, 1, settings.max_num_seqs),),
         )
         self.engine = EngineCore(
             self.profile,
@@ -40,6 +54,8 @@ class SimWorker:
             kv_capacity_tokens=settings.kv_capacity_tokens,
             max_num_batched_tokens=settings.max_num_batched_tokens,
             adaptive=AdaptiveVerification() if settings.adaptive_verification else None,
+            drafter_loaded=drafter,
+            prefix_caching=settings.enable_prefix_caching,
         )
         self.driver = RealTimeDriver(self.engine, clock=clock, speedup=settings.speedup)
         self.metrics = SimWorkerMetrics(
@@ -48,7 +64,6 @@ class SimWorker:
             model_name=settings.model,
             adaptive_verification=lambda: self.engine.adaptive is not None,
         )
-        self.started_at = clock.wall()
 
     @property
     def default_workload(self) -> str:
@@ -63,6 +78,30 @@ class SimWorker:
 
     async def stop(self) -> None:
         await self.driver.stop()
+
+    @property
+    def drafter_loaded(self) -> bool:
+        return self.engine.drafter_loaded
+
+    @property
+    def restart_s(self) -> float:
+        """One restart, real seconds: the profile's ``restart_s`` (simulated seconds; 0 when not modelled) over
+        the clock's ``speedup``."""
+        return (self.profile.serving.restart_s or 0.0) / self.settings.speedup
+
+    async def restart(self, *, drafter: bool) -> None:
+        """Stop, wait ``restart_s``, and serve again with or without the drafter. Requests still in the engine
+        fail, as in a real restart: drain the worker first (``controller.gear_mode`` does)."""
+        self.restarting = True
+        try:
+            await self.driver.stop()
+            self.driver.abort_all()  # what a drain left behind fails now rather than hangs
+            await self.clock.sleep(self.restart_s)
+            self._build(drafter=drafter)
+            await self.driver.start()
+            self.restarts += 1
+        finally:
+            self.restarting = False
 
 
 WORKER = web.AppKey("worker", SimWorker)

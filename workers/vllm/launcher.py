@@ -135,6 +135,17 @@ def _port(url: str) -> int:
     return port if port is not None else (443 if parts.scheme == "https" else 80)
 
 
+def agentic_args(worker: WorkerConfig) -> list[str]:
+    """vLLM's tool-call and reasoning flags from the fleet entry: ``--enable-auto-tool-choice`` and
+    ``--tool-call-parser`` when it names a tool parser, ``--reasoning-parser`` when it names a reasoning parser."""
+    argv = []
+    if worker.tool_call_parser is not None:
+        argv += ["--enable-auto-tool-choice", "--tool-call-parser", worker.tool_call_parser]
+    if worker.reasoning_parser is not None:
+        argv += ["--reasoning-parser", worker.reasoning_parser]
+    return argv
+
+
 def build_launch(
     worker: WorkerConfig,
     *,
@@ -158,6 +169,7 @@ def build_launch(
     argv += ["--tensor-parallel-size", str(worker.tensor_parallel_size)]
     argv += ["--max-num-seqs", str(worker.max_num_seqs)]
     argv += ["--scheduling-policy", "priority"]
+    argv.append("--enable-prompt-tokens-details")  # usage carries cached prompt tokens: the gateway meters them
     env = {"VLLM_PLUGINS": PLUGIN_NAME, "GEARSHIFT_WORKER_ID": worker.id}
     if cpu is None:
         plan = worker_gear_plan(worker)
@@ -181,5 +193,6 @@ def build_launch(
         if cpu.in_process_worker:
             argv += ["--distributed-executor-backend", "uni"]
             env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    argv += agentic_args(worker)
     argv += list(worker.extra_args)
     return LaunchPlan(argv=tuple(argv), env=env)

@@ -1,0 +1,147 @@
+"""The fleet placement plan (DESIGN §9): which workers serve which traffic classes, at which gear.
+
+The controller's planner writes one ``FleetPlan`` per model to the store; every gateway replica reads it and
+routes each request to its class's pool, and each per-worker control loop runs its pool's k. A *traffic class*
+is ``"<tier>/<workload>"`` (``traffic_class``); a pool may also list ``"<tier>/*"``, every workload of a tier.
+
+A plan is *fresh* for ``ttl_s`` seconds after ``issued_at``; past that, readers ignore it (the gateway routes
+on load alone, the loops choose their own k). The store keeps a plan document for ``STORE_TTL_FACTOR`` × its
+TTL, so that ``gearshift controller explain`` can still show a stale plan for what it was.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated, Final, Self
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from fleet.store.protocol import Store
+
+log = logging.getLogger(__name__)
+
+TrafficClass = str
+"""``"<tier>/<workload>"``, e.g. ``"interactive/chat"``; ``"<tier>/default"`` when the request had no hint."""
+
+DEFAULT_WORKLOAD: Final = "default"
+"""The workload of a request that carries no hint and whose tenant sets no default."""
+
+ANY_WORKLOAD: Final = "*"
+"""In a pool's ``classes``, ``"<tier>/*"`` stands for every workload of that tier."""
+
+PLANS_COLLECTION: Final = "plans"
+"""Store document collection of the plans, one document per model (its id is the model name)."""
+
+STORE_TTL_FACTOR: Final = 3.0
+"""A plan document expires from the store after this many of its own TTLs (readers ignore it after one)."""
+
+_NAME = r"^[A-Za-z0-9_.-]{1,64}$"
+
+
+def traffic_class(tier: str, workload: str | None) -> TrafficClass:
+    """The traffic class of a request of ``tier`` with workload hint ``workload`` (None: ``DEFAULT_WORKLOAD``)."""
+    return f"{tier}/{workload or DEFAULT_WORKLOAD}"
+
+
+def class_tier(cls: TrafficClass) -> str:
+    """The tier part of a traffic class."""
+    return cls.partition("/")[0]
+
+
+class PoolPlan(BaseModel):
+    """One pool: a set of workers that serve a set of traffic classes at one gear."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: Annotated[str, Field(pattern=_NAME)]
+    classes: list[TrafficClass]
+    """Traffic classes this pool serves (``"<tier>/<workload>"`` or ``"<tier>/*"``)."""
+    workers: list[str]
+    """Worker ids in this pool."""
+    k: Annotated[int, Field(ge=0)] | None = None
+    """The pool's speculation length; None lets each worker's own loop decide."""
+    max_concurrency: Annotated[int, Field(gt=0)] | None = None
+    """Requests the gateways together may have in flight on one worker of this pool (within the worker's
+    ``max_num_seqs``); None leaves it uncapped."""
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        for i, cls in enumerate(self.classes):
+            tier, sep, workload = cls.partition("/")
+            if not (tier and sep and workload) or "/" in workload:
+                raise ValueError(f"classes[{i}]: {cls!r} is not '<tier>/<workload>'")
+        if len(set(self.workers)) != len(self.workers):
+            raise ValueError(f"workers: duplicate worker id in {self.workers}")
+        return self
+
+    def serves(self, cls: TrafficClass) -> bool:
+        """Whether this pool lists ``cls``, exactly or through its tier's ``"<tier>/*"``."""
+        return cls in self.classes or f"{class_tier(cls)}/{ANY_WORKLOAD}" in self.classes
+
+
+class FleetPlan(BaseModel):
+    """The placement of one model's workers, as the controller's planner issued it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str
+    version: Annotated[int, Field(ge=0)]
+    """Grows by one each time the planner changes the pools (a republished, unchanged plan keeps it)."""
+    issued_at: float
+    """When the plan was (re)published, Unix seconds."""
+    ttl_s: Annotated[float, Field(gt=0)]
+    """Seconds after ``issued_at`` during which readers follow the plan."""
+    pools: list[PoolPlan]
+    spill_margin: Annotated[float, Field(ge=0, lt=1)] = 0.2
+    """Batch work may spill onto an interactive worker only while that worker's predicted TPOT stays below
+    ``(1 - spill_margin)`` × the interactive TPOT target."""
+    reason: str = ""
+    """Why the planner chose this plan, in words (``gearshift controller explain`` shows it)."""
+    predicted: dict[str, float] = {}
+    """The planner's predictions behind the plan (e.g. goodput tok/s, per-pool TPOT s), by name."""
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        names = [p.name for p in self.pools]
+        if len(set(names)) != len(names):
+            raise ValueError(f"pools: duplicate pool name in {names}")
+        seen: dict[str, str] = {}
+        for i, pool in enumerate(self.pools):
+            for worker in pool.workers:
+                if worker in seen:
+                    raise ValueError(f"pools[{i}].workers: worker {worker!r} is already in pool {seen[worker]!r}")
+                seen[worker] = pool.name
+        return self
+
+    def pool_of_worker(self, worker_id: str) -> PoolPlan | None:
+        """The pool ``worker_id`` belongs to, or None when the plan leaves it out."""
+        return next((p for p in self.pools if worker_id in p.workers), None)
+
+    def pools_for(self, cls: TrafficClass) -> list[PoolPlan]:
+        """The pools that serve ``cls`` (exactly or through ``"<tier>/*"``), in plan order."""
+        return [p for p in self.pools if p.serves(cls)]
+
+    def fresh(self, now: float) -> bool:
+        """Whether readers should follow this plan at ``now`` (Unix s): issued at most ``ttl_s`` ago."""
+        return now - self.issued_at <= self.ttl_s
+
+    def age_s(self, now: float) -> float:
+        """Seconds since the plan was issued."""
+        return now - self.issued_at
+
+
+async def publish_plan(store: Store, plan: FleetPlan) -> None:
+    """Write ``plan`` as its model's document in ``PLANS_COLLECTION`` (kept ``STORE_TTL_FACTOR`` × its TTL)."""
+    await store.put_doc(PLANS_COLLECTION, plan.model, plan.model_dump_json(), ttl_s=plan.ttl_s * STORE_TTL_FACTOR)
+
+
+async def read_plans(store: Store) -> dict[str, FleetPlan]:
+    """Every plan in the store, by model, fresh or not (``FleetPlan.fresh`` says). A document that does not
+    validate is skipped with a warning naming the field."""
+    plans: dict[str, FleetPlan] = {}
+    for model, body in (await store.docs(PLANS_COLLECTION)).items():
+        try:
+            plans[model] = FleetPlan.model_validate_json(body)
+        except ValidationError as exc:
+            log.warning("plans/%s: ignored, not a valid plan: %s", model, exc)
+    return plans

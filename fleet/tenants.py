@@ -1,0 +1,110 @@
+"""Tenants changed at run time (the admin API, issue 18), and how they combine with the tenants file.
+
+Each tenant changed at run time is one document in the store's ``tenants`` collection: a ``TenantChange``, the
+tenant as the admin left it (None once deleted) and the digest of the tenants file's entry that the change was
+made against (None when the file had no such tenant). Every replica re-reads the collection every
+``tenants_refresh_s`` and merges it over the file with ``merge``.
+
+Precedence, on every read (so also after a restart or a redeploy): a run-time change beats the file while the
+file's entry of that tenant is still the one the change was made against. Once that entry changes — edited,
+added or removed — the file wins and the change is ignored (``Provenance.superseded``): editing a tenant in the
+file and redeploying is how an operator takes it back from the admin API. A change whose tier the file no longer
+defines is ignored the same way.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Final
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from fleet.config import TenantConfig, TenantsConfig
+
+log = logging.getLogger(__name__)
+
+COLLECTION: Final = "tenants"
+"""The store's document collection holding one ``TenantChange`` per tenant id."""
+
+
+def entry_digest(tenant: TenantConfig | None) -> str | None:
+    """Digest of a tenants-file entry (every field, its keys' digests included); None for no entry."""
+    if tenant is None:
+        return None
+    text = json.dumps(tenant.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+
+
+class TenantChange(BaseModel):
+    """One tenant as changed at run time."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tenant_id: str
+    tenant: TenantConfig | None
+    """The tenant as the admin left it, without keys (a file tenant keeps the file's keys); None: deleted."""
+    file_digest: str | None
+    """``entry_digest`` of the file's entry when the change was made; None when the file had none."""
+    changed_at: float
+    """Unix seconds."""
+    changed_by: str
+    """The id of the admin key that made the change."""
+
+
+@dataclass(frozen=True, slots=True)
+class Provenance:
+    """Where a tenant's effective definition comes from."""
+
+    in_file: bool
+    change: TenantChange | None
+    """The run-time change stored for this tenant, applied or not."""
+    applied: bool
+    """The change is in force (False: no change, or the file's entry changed since: ``superseded``)."""
+
+    @property
+    def superseded(self) -> bool:
+        return self.change is not None and not self.applied
+
+
+@dataclass(frozen=True, slots=True)
+class Merged:
+    """The tenants in force: the file with the run-time changes that still apply."""
+
+    tenants: TenantsConfig
+    provenance: dict[str, Provenance]
+    """Every tenant id in the file or with a stored change."""
+
+
+def parse_changes(docs: Mapping[str, str]) -> dict[str, TenantChange]:
+    """The collection's documents as changes; an unreadable one is logged and left out."""
+    out: dict[str, TenantChange] = {}
+    for doc_id, body in docs.items():
+        try:
+            out[doc_id] = TenantChange.model_validate_json(body)
+        except ValidationError as exc:
+            log.warning("ignoring run-time tenant %r: %s", doc_id, exc)
+    return out
+
+
+def merge(file: TenantsConfig, changes: Mapping[str, TenantChange]) -> Merged:
+    """Apply each change whose ``file_digest`` matches the file's entry today and whose tier the file defines."""
+    in_force: dict[str, TenantConfig] = {t.id: t for t in file.tenants}
+    provenance = {t.id: Provenance(in_file=True, change=None, applied=False) for t in file.tenants}
+    for tenant_id, change in sorted(changes.items()):
+        entry = next((t for t in file.tenants if t.id == tenant_id), None)
+        applies = change.file_digest == entry_digest(entry) and (
+            change.tenant is None or change.tenant.tier in file.tiers
+        )
+        provenance[tenant_id] = Provenance(in_file=entry is not None, change=change, applied=applies)
+        if not applies:
+            continue
+        if change.tenant is None:
+            in_force.pop(tenant_id, None)
+        else:
+            in_force[tenant_id] = change.tenant.model_copy(update={"keys": entry.keys if entry else ()})
+    tenants = TenantsConfig(tiers=file.tiers, tenants=tuple(in_force.values()))
+    return Merged(tenants=tenants, provenance=provenance)

@@ -1,0 +1,165 @@
+"""Prefix affinity: send a request to a worker that recently served the same prompt beginning, so the worker's
+prefix cache (vLLM's ``--enable-prefix-caching``) skips that part of the prefill — without letting one hot prefix
+pin one worker.
+
+**Blocks.** The gateway has no tokenizer, so it hashes characters: the prompt as the worker's chat template would
+lay it out — the ``tools`` schemas first (templates render them into the system prompt), then each message's role,
+text and tool calls in order (or the completion prompt) — cut into blocks of ``block_chars`` characters, of which
+only full blocks count, at most ``max_blocks``. Block ``i``'s hash chains the blocks before it
+(``h_i = hash((h_{i-1}, block_i))``), so equal hashes mean equal beginnings. A multi-turn conversation's next
+request repeats the previous messages, so it shares the previous request's blocks. Python's string hash is
+randomised per process, which is harmless: the index lives in one gateway process.
+
+**Index.** ``PrefixIndex`` remembers, per block hash, which workers were sent a request holding it and when (Unix
+seconds). It is approximate, as the worker's cache is not observed: an entry counts for ``ttl_s`` after its last
+use, and at most ``capacity`` block hashes are kept (the least recently used are dropped).
+
+**Score.** ``PrefixScorer`` gives each worker ``matched / blocks``: the share of the request's leading blocks
+recorded for it. Bounded load: a worker whose load exceeds ``load_factor × (least + 1)`` — least being the smallest
+load among the candidates, load as the queue scorer counts it (requests, plus outstanding prefill tokens over
+``prefill_tokens_per_slot``) — scores 0, so affinity gives way once its worker is busier than the others by that
+factor, and a hot prefix spreads over the workers (each then holds it too).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import orjson
+
+from gateway.pool import WorkerView
+from gateway.routing import DEFAULT_PREFILL_TOKENS_PER_SLOT, RouteContext, load_of
+
+DEFAULT_BLOCK_CHARS = 512
+"""Characters per hashed block (about 128 tokens at 4 characters a token)."""
+DEFAULT_MAX_BLOCKS = 1024
+"""Most leading blocks hashed per request (512 k characters, about 128 k tokens): bounds the cost per request."""
+
+
+def _message_text(message: Mapping[str, Any]) -> str:
+    content = message.get("content")
+    if isinstance(content, str):
+        text = content
+    elif isinstance(content, list):
+        text = "".join(str(p.get("text", "")) if isinstance(p, dict) else "" for p in content)
+    else:
+        text = ""
+    extra = message.get("tool_calls")
+    calls = orjson.dumps(extra).decode() if extra else ""
+    return f"\x1e{message.get('role', '')}\x1f{text}{calls}"
+
+
+def prompt_text(body: Mapping[str, Any], *, chat: bool) -> str:
+    """The prompt laid out in the order the worker sees it (see the module docstring); "" when there is none."""
+    if not chat:
+        prompt = body.get("prompt")
+        if isinstance(prompt, str):
+            return prompt
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
+            return orjson.dumps(prompt).decode()
+        return ""  # a batch of prompts: no single prefix to follow
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        return ""
+    tools = body.get("tools")
+    head = orjson.dumps(tools).decode() if tools else ""
+    return head + "".join(_message_text(m) for m in messages if isinstance(m, dict))
+
+
+def block_hashes(
+    text: str, *, block_chars: int = DEFAULT_BLOCK_CHARS, max_blocks: int = DEFAULT_MAX_BLOCKS
+) -> tuple[int, ...]:
+    """Chained hashes of the full ``block_chars``-character blocks of ``text``, at most ``max_blocks``."""
+    count = min(len(text) // block_chars, max_blocks)
+    out = []
+    prev = 0
+    for i in range(count):
+        prev = hash((prev, text[i * block_chars : (i + 1) * block_chars]))
+        out.append(prev)
+    return tuple(out)
+
+
+def request_blocks(body: Mapping[str, Any], *, chat: bool, block_chars: int, max_blocks: int) -> tuple[int, ...]:
+    """The block hashes of a completion body's prompt (``prompt_text`` then ``block_hashes``)."""
+    return block_hashes(prompt_text(body, chat=chat), block_chars=block_chars, max_blocks=max_blocks)
+
+
+class PrefixIndex:
+    """Block hash → {worker id: Unix seconds it was last sent a request holding that block}, least recently used
+    first, at most ``capacity`` hashes; entries older than ``ttl_s`` seconds do not count."""
+
+    def __init__(self, *, ttl_s: float, capacity: int) -> None:
+        if ttl_s <= 0 or capacity <= 0:
+            raise ValueError("ttl_s and capacity: must be positive")
+        self.ttl_s = ttl_s
+        self.capacity = capacity
+        self._seen: OrderedDict[int, dict[str, float]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+    def record(self, blocks: Sequence[int], worker_id: str, now: float) -> None:
+        """``worker_id`` was sent a request whose prompt holds ``blocks`` (at Unix time ``now``)."""
+        seen = self._seen
+        for h in blocks:
+            workers = seen.get(h)
+            if workers is None:
+                seen[h] = {worker_id: now}
+            else:
+                workers[worker_id] = now
+                seen.move_to_end(h)
+        while len(seen) > self.capacity:
+            seen.popitem(last=False)
+
+    def matches(self, blocks: Sequence[int], worker_ids: Sequence[str], now: float) -> dict[str, int]:
+        """Worker id → how many leading ``blocks`` were recorded for it within the TTL (0 for none)."""
+        matched = dict.fromkeys(worker_ids, 0)
+        live = set(worker_ids)
+        oldest = now - self.ttl_s
+        seen = self._seen
+        for depth, h in enumerate(blocks):
+            workers = seen.get(h)
+            if workers is None:
+                break
+            live = {w for w in live if workers.get(w, -math.inf) >= oldest}
+            if not live:
+                break
+            for w in live:
+                matched[w] = depth + 1
+        return matched
+
+
+class PrefixScorer:
+    """``matched / blocks`` of the request's leading prompt blocks the index holds for the worker, or 0 when the
+    worker's load exceeds ``load_factor × (least + 1)`` (bounded load; see the module docstring). Requests
+    without blocks score 0 everywhere."""
+
+    name = "prefix"
+
+    def __init__(
+        self,
+        index: PrefixIndex,
+        *,
+        load_factor: float = 2.0,
+        prefill_tokens_per_slot: int = DEFAULT_PREFILL_TOKENS_PER_SLOT,
+    ) -> None:
+        if load_factor < 1 or prefill_tokens_per_slot <= 0:
+            raise ValueError("load_factor: must be ≥ 1; prefill_tokens_per_slot: must be positive")
+        self.index = index
+        self._factor = load_factor
+        self._per_slot = prefill_tokens_per_slot
+
+    def _load(self, worker: WorkerView) -> float:
+        return load_of(worker) + worker.prefill_tokens / self._per_slot
+
+    async def __call__(self, ctx: RouteContext, workers: Sequence[WorkerView]) -> list[float]:
+        blocks = ctx.prefix_blocks
+        if not blocks or not workers:
+            return [0.0] * len(workers)
+        matched = self.index.matches(blocks, [w.id for w in workers], ctx.now)
+        loads = [self._load(w) for w in workers]
+        bound = self._factor * (min(loads) + 1.0)
+        return [matched[w.id] / len(blocks) if load <= bound else 0.0 for w, load in zip(workers, loads, strict=True)]

@@ -1,0 +1,68 @@
+"""The tenants in force on this replica: the tenants file merged with the run-time changes in the store
+(``fleet.tenants``). Re-read every ``tenants_refresh_s`` by a background loop, and at once after a change
+made through this replica, so every replica serves a change within about one refresh."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from fleet.config import TenantConfig, TenantsConfig
+from fleet.store.protocol import Store
+from fleet.tenants import COLLECTION, Merged, Provenance, TenantChange, entry_digest, merge, parse_changes
+
+log = logging.getLogger(__name__)
+
+
+class TenantBook:
+    """The file, the changes stored at run time, and their merge; ``on_change`` gets each new set in force."""
+
+    def __init__(self, file: TenantsConfig, store: Store, *, on_change: Callable[[TenantsConfig], None]) -> None:
+        self.file = file
+        self._store = store
+        self._on_change = on_change
+        self._docs: dict[str, str] = {}
+        self.merged: Merged = merge(file, {})
+
+    @property
+    def tenants(self) -> TenantsConfig:
+        return self.merged.tenants
+
+    def tenant(self, tenant_id: str) -> TenantConfig | None:
+        return self.merged.tenants.tenant(tenant_id)
+
+    def provenance(self, tenant_id: str) -> Provenance | None:
+        return self.merged.provenance.get(tenant_id)
+
+    async def refresh(self) -> None:
+        """Re-read the stored changes (one tick); a new set in force goes to ``on_change``."""
+        docs = await self._store.docs(COLLECTION)
+        if docs == self._docs:
+            return
+        self._docs = docs
+        self.merged = merge(self.file, parse_changes(docs))
+        self._on_change(self.merged.tenants)
+
+    async def load(self) -> None:
+        """The first read, at start; a store that is away leaves the file in force until the loop's next tick."""
+        try:
+            await self.refresh()
+        except Exception as exc:  # the loop retries; an outage must not stop the gateway from starting
+            log.warning("cannot read the run-time tenants yet, serving the tenants file: %s", exc)
+
+    async def save(self, tenant_id: str, tenant: TenantConfig | None, *, by: str, now: float) -> None:
+        """Store ``tenant`` (None: deleted) as changed at run time by admin key ``by``, against the file's entry
+        as it is now, and put it in force here. Deleting a tenant the file does not have removes its document."""
+        entry = self.file.tenant(tenant_id)
+        if tenant is None and entry is None:
+            await self._store.delete_doc(COLLECTION, tenant_id)
+        else:
+            change = TenantChange(
+                tenant_id=tenant_id,
+                tenant=tenant.model_copy(update={"keys": ()}) if tenant is not None else None,
+                file_digest=entry_digest(entry),
+                changed_at=now,
+                changed_by=by,
+            )
+            await self._store.put_doc(COLLECTION, tenant_id, change.model_dump_json())
+        await self.refresh()

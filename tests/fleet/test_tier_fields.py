@@ -1,0 +1,94 @@
+"""Every field of a tier in the tenants file changes behaviour, a named test shows it, serving code reads it, and the
+README's table says what it does (issue 16: ``sheddable`` used to be read nowhere).
+
+``SHOWN_BY`` is the register: a new ``TierConfig`` field fails here until a test of its effect is named, a renamed
+or deleted test fails here, and the README table must list exactly these fields.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+from fleet.config import TierConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+SERVING = ("gateway", "controller")
+"""The packages whose code acts on tiers."""
+
+SHOWN_BY: dict[str, tuple[str, ...]] = {
+    "priority": (
+        "tests/gateway/test_gateway_routing.py::test_tiers_land_where_the_policy_says_through_the_gateway",
+        "tests/gateway/test_gateway_overload.py::test_bands_are_served_in_strict_priority_and_fifo_per_tenant",
+        "tests/gateway/test_gateway_overload.py::test_capacity_dispatches_the_most_important_band_first",
+        "tests/sim/test_engine.py::test_priority_scheduling_admits_the_lowest_priority_value_first",
+    ),
+    "ttft_target_s": (
+        "tests/gateway/test_gateway_overload.py::"
+        "test_sheddable_requests_are_refused_with_429_at_their_target_and_others_wait_then_503",
+        "tests/gateway/test_gateway_overload.py::test_a_sheddable_request_predicted_to_miss_its_target_is_refused_at_once",
+        "tests/gateway/test_gateway_overload.py::test_ttft_scorer_weighs_queued_prefill_against_the_prefill_rate",
+    ),
+    "tpot_target_s": (
+        "tests/gateway/test_gateway_routing.py::test_speed_score_is_penalised_past_the_tpot_target_and_zero_when_overloaded",
+        "tests/gateway/test_gateway_placement.py::test_batch_spills_onto_an_interactive_worker_only_within_its_tpot_headroom",
+        "tests/controller/test_ctl_metrics_names.py::test_tpot_target_is_the_tightest_tier_allowed_on_the_model",
+        "tests/controller/test_ctl_policy.py::test_infeasible_target_maximises_per_user_speed_and_flags_overload",
+    ),
+    "speculation": (
+        "tests/gateway/test_gateway_routing.py::test_speculation_scorer_by_preference",
+        "tests/gateway/test_gateway_routing.py::test_tiers_land_where_the_policy_says_through_the_gateway",
+    ),
+    "sheddable": (
+        "tests/gateway/test_gateway_overload.py::test_a_full_queue_sheds_the_youngest_sheddable_of_the_least_important_band_first",
+        "tests/gateway/test_gateway_overload.py::test_a_full_queue_refuses_a_sheddable_arrival_with_429_and_a_vip_with_503",
+        "tests/gateway/test_gateway_overload_live.py::"
+        "test_overload_sheds_the_sheddable_tier_first_and_loses_or_double_meters_nothing",
+    ),
+    "brownout_max_tokens": (
+        "tests/gateway/test_gateway_overload.py::test_brownout_caps_max_tokens_and_the_reservation",
+        "tests/gateway/test_gateway_overload_live.py::test_the_brownout_switch_caps_max_tokens_per_tier",
+        "tests/gateway/test_gateway_agentic_estimate.py::test_the_brownout_caps_max_output_tokens_of_a_responses_request",
+    ),
+}
+README_HEADING = "### What each tier field does"
+
+
+def test_every_tier_field_has_tests_of_its_effect() -> None:
+    assert set(SHOWN_BY) == set(TierConfig.model_fields)
+
+
+def _test_names(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    return {n.name for n in tree.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
+
+
+@pytest.mark.parametrize("field", sorted(SHOWN_BY))
+def test_the_named_tests_exist(field: str) -> None:
+    for node in SHOWN_BY[field]:
+        file, name = node.split("::")
+        assert name in _test_names(ROOT / file), f"{field}: {node} is not a test"
+
+
+@pytest.mark.parametrize("field", sorted(SHOWN_BY))
+def test_serving_code_reads_the_field(field: str) -> None:
+    """Some gateway or controller module reads ``.field`` (a field read nowhere changes nothing)."""
+    read = re.compile(rf"\.{field}\b")
+    readers = [
+        path.relative_to(ROOT)
+        for package in SERVING
+        for path in (ROOT / package).rglob("*.py")
+        if read.search(path.read_text())
+    ]
+    assert readers, f"{field} is read nowhere in {SERVING}"
+
+
+def test_the_readme_table_lists_every_tier_field() -> None:
+    text = (ROOT / "README.md").read_text()
+    assert README_HEADING in text
+    section = text.split(README_HEADING, 1)[1].split("\n#", 1)[0]
+    rows = re.findall(r"^\| `([a-z_]+)` \|", section, flags=re.MULTILINE)
+    assert rows == list(TierConfig.model_fields)
