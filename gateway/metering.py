@@ -78,6 +78,7 @@ def usage_record(
     tier: str | None = None,
     workload: str | None = None,
     pricing: PricingConfig | None = None,
+    session: str | None = None,
 ) -> UsageRecord:
     """The record of one finished request (``status``: ok, error or cancelled) that kept ``worker`` busy for
     ``busy_s`` seconds; ``arrived_at`` is the clock's monotonic time of its arrival, ``now`` the monotonic time
@@ -111,6 +112,7 @@ def usage_record(
         tier=tier,
         workload=workload,
         cached_tokens=cached,
+        session=session,
     )
 
 

@@ -32,6 +32,7 @@ from gateway.prefix import request_blocks
 from gateway.responses import ResponsesStreamMeter, parse_responses
 from gateway.responses import error_event as responses_error_event
 from gateway.routing import RouteContext
+from gateway.session import request_session
 from gateway.sse import DONE, StreamMeter, Usage
 from gateway.upstream import Hold
 
@@ -66,11 +67,13 @@ async def complete(
     send: Send,
     headers: Sequence[tuple[bytes, bytes]] = (),
     workload_header: str | None = None,
+    session_header: str | None = None,
 ) -> Response | None:
     """Serve one completion request whose body ``raw`` has been read (``workload_header``: its
-    ``x-gearshift-workload``, see ``gateway.placement``). Returns the whole answer for the caller to
-    send, or None when the answer was streamed on ``send`` (its head carrying ``headers``); raises a
-    ``GatewayError`` for an error to answer instead, never once a stream has started. ``started`` is the clock's
+    ``x-gearshift-workload``, see ``gateway.placement``; ``session_header``: its ``x-gearshift-session``).
+    Returns the whole answer for the caller to send, or None when the answer was streamed on ``send`` (its head
+    carrying ``headers``); raises a ``GatewayError`` for an error to answer instead, never once a stream has
+    started. ``started`` is the clock's
     monotonic time when the request arrived, ``receive`` the ASGI channel that tells when the client leaves."""
     if endpoint is RESPONSES:
         req = parse_responses(raw, rules=gw.body_rules)
@@ -80,6 +83,7 @@ async def complete(
     gw.overload.brownout_cap(req, principal.tier)  # lower max_tokens while the brownout is on
     call = Call(gw, principal, req, endpoint, request_id, started)
     call.workload = request_workload(workload_header, principal.tenant)  # 400 for a malformed hint
+    call.session = request_session(session_header)  # 400 for a malformed session id
     tail = None
     with relay.DisconnectGuard(receive) as guard:  # a client that leaves cancels the call
         try:
@@ -119,6 +123,8 @@ class Call:
     ticket: Ticket | None = None
     workload: str | None = None
     """The request's workload hint (``gateway.placement.request_workload``)."""
+    session: str | None = None
+    """The client's session id (``gateway.session``), kept in the ledger for replays."""
 
     def __init__(
         self,
@@ -298,6 +304,7 @@ class Call:
             now=now,
             tier=self.principal.tier_name,
             workload=self.workload,
+            session=self.session,
             pricing=model.pricing if (model := gw.fleet.model(self.req.model)) is not None else None,
         )
         gw.ledger.append(record)

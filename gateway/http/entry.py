@@ -25,6 +25,7 @@ from gateway import errors
 from gateway.core import Gateway
 from gateway.pipeline import CHAT, RESPONSES, TEXT, Endpoint, complete
 from gateway.placement import WORKLOAD_HEADER
+from gateway.session import SESSION_HEADER
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +117,7 @@ async def serve_completion(
         response = await complete(
             gw, principal, raw, endpoint=endpoint, request_id=request_id, started=started, receive=receive,
             send=send, headers=(id_header,), workload_header=_header(scope, WORKLOAD_HEADER),
+            session_header=_header(scope, SESSION_HEADER),
         )  # fmt: skip
     except errors.GatewayError as exc:
         response = errors.respond(exc, gw.metrics)

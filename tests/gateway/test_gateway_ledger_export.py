@@ -83,3 +83,20 @@ async def test_export_through_the_admin_api_is_a_trace_of_every_answered_request
     assert trace.format == "ledger"
     assert len(trace.requests) == len(ids)
     assert {(r.tenant, r.tier) for r in trace.requests} == {("alpha", "interactive"), ("beta", "batch")}
+
+
+async def test_the_session_header_is_kept_in_the_ledger_and_a_bad_one_refused(upstreams: StartUpstreams) -> None:
+    (w,) = await upstreams(1)
+    async with serve_gateway(make_fleet([w.url]), make_tenants()) as g, g.client("alpha") as c:
+        ok = await c.post("/v1/chat/completions", json=CHAT, headers={"x-gearshift-session": "chat-42"})
+        plain = await c.post("/v1/chat/completions", json=CHAT)
+        bad = await c.post("/v1/chat/completions", json=CHAT, headers={"x-gearshift-session": "a b"})
+        assert (ok.status_code, plain.status_code, bad.status_code) == (200, 200, 400)
+        assert bad.json()["error"]["param"] == "x-gearshift-session"
+
+        async def both_metered() -> bool:
+            return len(await g.store.ledger(since=0, until=1e12)) == 2
+
+        await eventually(both_metered)
+        sessions = {r.request_id: r.session for r in await g.store.ledger(since=0, until=1e12)}
+    assert sessions == {ok.headers["x-request-id"]: "chat-42", plain.headers["x-request-id"]: None}
