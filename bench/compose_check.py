@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import subprocess
 import sys
@@ -26,6 +27,7 @@ from typing import Any
 
 import httpx
 import openai
+from openai.types.chat import ChatCompletionUserMessageParam
 
 LEADER_METRIC = "gearshift_controller_leader"
 CONTROLLERS = ("controller-1", "controller-2")
@@ -56,42 +58,33 @@ def wait_for(check: Callable[[], bool], *, limit_s: float, every_s: float = 0.1)
     return None
 
 
+def user(text: str) -> list[ChatCompletionUserMessageParam]:
+    return [{"role": "user", "content": text}]
+
+
 def traffic(base_url: str, key: str, model: str, *, requests: int, check: Check, name: str) -> None:
     """The openai SDK's calls through one gateway, ``requests`` chat calls alternating streaming and not."""
     client = openai.OpenAI(base_url=f"{base_url}/v1", api_key=key, max_retries=0, timeout=60.0)
     ids = [m.id for m in client.models.list()]
     check.expect(model in ids, f"{name}: models.list has no {model}: {ids}")
     check.expect(client.models.retrieve(model).id == model, f"{name}: models.retrieve")
-    prompt = [{"role": "user", "content": "Name three gears."}]
-    whole = client.chat.completions.create(model=model, messages=prompt, max_tokens=24, temperature=0)  # type: ignore[arg-type]
-    streamed = "".join(
-        c.choices[0].delta.content or ""
-        for c in client.chat.completions.create(
-            model=model,
-            messages=prompt,
-            max_tokens=24,
-            temperature=0,
-            stream=True,  # type: ignore[arg-type]
-        )
-        if c.choices
-    )
+    prompt = user("Name three gears.")
+    whole = client.chat.completions.create(model=model, messages=prompt, max_tokens=24, temperature=0)
+    stream = client.chat.completions.create(model=model, messages=prompt, max_tokens=24, temperature=0, stream=True)
+    streamed = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
     check.expect(streamed == whole.choices[0].message.content, f"{name}: greedy streamed text differs")
     text = client.completions.create(model=model, prompt="Once upon a time", max_tokens=8)
     check.expect(bool(text.choices[0].text), f"{name}: empty completion")
     started, tokens = time.monotonic(), 0
     for i in range(requests):
-        message = [{"role": "user", "content": f"request {i}"}]
+        message = user(f"request {i}")
         if i % 2:
             chunks = client.chat.completions.create(
-                model=model,
-                messages=message,
-                max_tokens=16,
-                stream=True,
-                stream_options={"include_usage": True},  # type: ignore[arg-type]
+                model=model, messages=message, max_tokens=16, stream=True, stream_options={"include_usage": True}
             )
             tokens += sum(c.usage.completion_tokens for c in chunks if c.usage is not None)
         else:
-            answer = client.chat.completions.create(model=model, messages=message, max_tokens=16)  # type: ignore[arg-type]
+            answer = client.chat.completions.create(model=model, messages=message, max_tokens=16)
             tokens += answer.usage.completion_tokens if answer.usage else 0
     check.steps[f"{name}_chat_requests"] = requests
     check.steps[f"{name}_completion_tokens"] = tokens
@@ -103,15 +96,17 @@ def traffic(base_url: str, key: str, model: str, *, requests: int, check: Check,
         async with aclient:
             answers = await asyncio.gather(
                 *(
-                    aclient.chat.completions.create(
-                        model=model, messages=[{"role": "user", "content": f"async {i}"}], max_tokens=8
-                    )
+                    aclient.chat.completions.create(model=model, messages=user(f"async {i}"), max_tokens=8)
                     for i in range(8)
                 )
             )
         return sum(1 for a in answers if a.choices)
 
     check.expect(asyncio.run(concurrent()) == 8, f"{name}: async requests")
+
+
+def ready_at(base_url: str) -> bool:
+    return httpx.get(f"{base_url}/readyz", timeout=5).status_code == 200
 
 
 def status(base_url: str, key: str, model: str) -> int:
@@ -182,7 +177,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     check = Check()
     gateways: list[str] = args.gateway
     for url in gateways:
-        ready = wait_for(lambda u=url: httpx.get(f"{u}/readyz", timeout=5).status_code == 200, limit_s=120.0)
+        ready = wait_for(functools.partial(ready_at, url), limit_s=120.0)
         check.expect(ready is not None, f"{url} never became ready")
     with httpx.Client(base_url=gateways[0], headers={"authorization": f"Bearer {args.admin_key}"}) as admin:
         key = admin.post("/admin/v1/keys", json={"tenant": "demo"}).json()["secret"]

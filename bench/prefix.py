@@ -56,6 +56,8 @@ class PrefixBenchConfig:
     """The recipe's ``--max-num-seqs`` when speculating."""
     sessions: int = 48
     """Concurrent sessions (closed-loop streams) over the fleet."""
+    sweep: tuple[int, ...] = (8, 16, 96)
+    """Further session counts, reported in a second table (light to heavy load)."""
     shape: SessionShape = field(default_factory=SessionShape)
     duration_s: float = 600.0
     warmup_s: float = 120.0
@@ -199,7 +201,24 @@ def _usd_per_gpu_hour() -> float:
     return WorkerConfig(id="w", url="http://x", model=MODEL).usd_per_gpu_hour
 
 
-def report(config: PrefixBenchConfig, results: Sequence[ArmResult], *, command: str, load: str) -> str:
+def _sweep_table(swept: Sequence[tuple[int, ArmResult]]) -> str:
+    header = ["sessions", "arm", "TTFT p50 (s)", "TTFT p99 (s)", "TPOT p50 (ms)", "hit rate", "busiest share", "$/Mtok"]
+    rows = [
+        [n, r.arm, fmt(r.ttft_p50_s), fmt(r.ttft_p99_s), fmt(r.tpot_p50_s * 1e3), pct(r.hit_rate),
+         pct(r.busiest_share), fmt(r.usd_per_mtok)]
+        for n, r in swept
+    ]  # fmt: skip
+    return table(header, rows, align="rlrrrrrr")
+
+
+def report(
+    config: PrefixBenchConfig,
+    results: Sequence[ArmResult],
+    *,
+    command: str,
+    load: str,
+    swept: Sequence[tuple[int, ArmResult]] = (),
+) -> str:
     shape = config.shape
     header = ["arm", "TTFT p50 (s)", "TTFT p99 (s)", "later turns TTFT p50 (s)", "TPOT p50 (ms)", "requests",
               "output tok/s", "prefix-cache hit rate", "busiest worker's share", "$/Mtok"]  # fmt: skip
@@ -234,6 +253,16 @@ def report(config: PrefixBenchConfig, results: Sequence[ArmResult], *, command: 
             "",
             *ratios,
             "",
+            f"Without affinity the hit rate is not zero: the shared {shape.shared_tokens}-token beginning is cached on",
+            f"every worker, and a turn lands on its session's worker by chance (about 1 in {config.workers}). Without",
+            "its load bound the scorer sends most sessions to the workers that first cached the shared beginning:",
+            "the busiest worker's share and the TPOT show the price.",
+            "",
+            *(
+                ["## Other loads", "", "The same sessions, fewer or more of them at once:", "", _sweep_table(swept), ""]
+                if swept
+                else []
+            ),
             "![TTFT per arm](prefix.png)",
             "",
             "Caveats: the simulator caches every prompt block, as vLLM does for attention layers; Kimi K3's",
@@ -270,8 +299,9 @@ def plot(results: Sequence[ArmResult], path: Path) -> None:
 def write(config: PrefixBenchConfig, out: Path, *, command: str, load: str) -> Path:
     """Run every arm and write ``out/prefix.md`` and ``out/prefix.png``; returns the Markdown's path."""
     results = [run_arm(config, arm)[0] for arm in ARMS]
+    swept = [(n, run_arm(replace(config, sessions=n), arm)[0]) for n in config.sweep for arm in ARMS]
     out.mkdir(parents=True, exist_ok=True)
     path = out / "prefix.md"
-    path.write_text(report(config, results, command=command, load=load))
+    path.write_text(report(config, results, command=command, load=load, swept=swept))
     plot(results, out / "prefix.png")
     return path

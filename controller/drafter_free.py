@@ -6,8 +6,9 @@ without the drafter removes it, and the restart takes the worker's capacity away
 (``fleet.perf.ServingSettings.restart_s``). So the decision is fleet-level. ``plan_restarts`` proposes, per model,
 at most one worker at a time:
 
-- **to drafter-free** when the controller has chosen k = 0 on it for longer than ``dwell_factor × restart_s``
-  (the restart is then at most a tenth of the stretch it pays off over);
+- **to drafter-free** when the controller has chosen k = 0 on it, or predicted that drafter-free k = 0 beats the
+  gear it holds (``controller.gear_mode``), for longer than ``dwell_factor × restart_s`` (the restart is then at
+  most a tenth of the stretch it pays off over);
 - **back to the drafter** when, on a drafter-free worker, the policy has predicted for as long that a k > 0
   would pay (``spec_pays_since_s``);
 
@@ -68,7 +69,8 @@ class WorkerGear:
     capacity_tok_s: float
     """Output tokens per second it could serve at its best gear within the TPOT target."""
     k0_since_s: float | None = None
-    """Since when the controller has chosen k = 0 without a break (None: it has not)."""
+    """Since when k = 0 has been wanted without a break: held by the controller, or predicted drafter-free to beat
+    the gear it holds (``controller.gear_mode.GearObservation.off_pays``; None: not wanted)."""
     spec_pays_since_s: float | None = None
     """On a drafter-free worker, since when a k > 0 has been predicted to pay without a break (None: it has not)."""
     draining: bool = False
@@ -88,10 +90,10 @@ def _wanted(w: WorkerGear, now_s: float, restart_s: float, cfg: DrafterFreeConfi
     want = "k = 0" if w.drafter_loaded else "a k > 0"
     need = cfg.dwell_factor * restart_s
     if since is None:
-        return Move.STAY, f"{want} not chosen"
+        return Move.STAY, f"{want} not wanted"
     if now_s - since < need:
-        return Move.STAY, f"{want} chosen for {now_s - since:.0f} s of {need:.0f} s ({cfg.dwell_factor:g} × restart_s)"
-    return target, f"{want} chosen for {now_s - since:.0f} s ≥ {need:.0f} s"
+        return Move.STAY, f"{want} wanted for {now_s - since:.0f} s of {need:.0f} s ({cfg.dwell_factor:g} × restart_s)"
+    return target, f"{want} wanted for {now_s - since:.0f} s ≥ {need:.0f} s"
 
 
 def _blocked(w: WorkerGear, fleet: Sequence[WorkerGear], now_s: float, cfg: DrafterFreeConfig) -> str:

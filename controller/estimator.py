@@ -11,10 +11,12 @@
   (a property of the workload: the prefill work a step carries grows with the tokens it emits, so a higher k
   that finishes requests in fewer steps also brings their successors' prompts sooner).
 - **Step time**: a multiplicative correction of the profile's step time, EWMA of observed/predicted over busy
-  windows. The observed step time is window length / engine steps (the count of
-  ``vllm:iteration_tokens_total``) — vLLM exports no busy-time counter, so windows with idle time are skipped.
-  On a worker that adapts its verification (``adaptive``), the prediction is at the mean verified length
-  (``predict_adaptive_step``), not at the cap.
+  windows; also one per k (``step_correction_by_k``), forgotten ``position_max_age`` windows after that k last
+  ran: a profile whose shape in (B, k) is wrong (the other profile of the family) needs a different factor at
+  each k, which one scalar learned at the current k cannot give. The observed step time is window length /
+  engine steps (the count of ``vllm:iteration_tokens_total``) — vLLM exports no busy-time counter, so windows
+  with idle time are skipped. On a worker that adapts its verification (``adaptive``), the prediction is at the
+  mean verified length (``predict_adaptive_step``), not at the cap.
 """
 
 from __future__ import annotations
@@ -79,6 +81,12 @@ class Estimate:
     """The worker's engine chooses per step how many drafts to verify (``k_current`` is a cap)."""
     verified_per_draft: float | None = None
     """Mean drafts verified per drafting request-step in the last window (None without drafts)."""
+    step_correction_by_k: tuple[tuple[int, float], ...] = ()
+    """``(k, correction)`` for the k that ran in the last ``position_max_age`` windows."""
+
+    def correction_for(self, k: int) -> float:
+        """The step-time correction at draft length ``k``: its own if it ran recently, else ``step_correction``."""
+        return next((c for kk, c in self.step_correction_by_k if kk == k), self.step_correction)
 
 
 def predict_adaptive_step(
@@ -137,6 +145,8 @@ class WorkerEstimator:
     adaptive: bool = False
     """Set by the loop from the worker's ``gearshift_worker_adaptive_verification`` gauge."""
     verified_per_draft: float | None = None
+    correction_by_k: dict[int, tuple[float, int]] = field(default_factory=dict)
+    """k → (EWMA of observed/predicted step time at that k, the window count when it last ran)."""
 
     def __post_init__(self) -> None:
         self.drafts_at = self.drafts_at or [0.0] * self.k_max
@@ -186,7 +196,10 @@ class WorkerEstimator:
         if predicted <= 0:
             return
         lo, hi = self.config.correction_bounds
-        self.correction = _ewma(self.correction, min(max(observed / predicted, lo), hi), self.config.alpha)
+        ratio = min(max(observed / predicted, lo), hi)
+        self.correction = _ewma(self.correction, ratio, self.config.alpha)
+        old = self.correction_by_k.get(w.k)
+        self.correction_by_k[w.k] = (_ewma(old[0] if old else None, ratio, self.config.alpha), self.windows)
 
     def _predicted_adaptive_s(self, w: Window) -> float | None:
         """The profiled step time of an adaptive window, at its mean verified length (None: not adaptive)."""
@@ -254,6 +267,13 @@ class WorkerEstimator:
             class_mix=self.class_mix(),
             adaptive=self.adaptive,
             verified_per_draft=self.verified_per_draft,
+            step_correction_by_k=tuple(
+                sorted(
+                    (k, c)
+                    for k, (c, seen) in self.correction_by_k.items()
+                    if self.windows - seen <= self.config.position_max_age
+                )
+            ),
         )
 
     def class_mix(self) -> tuple[tuple[str, float], ...]:

@@ -23,6 +23,7 @@ from typing import Protocol
 import httpx
 
 from controller.drafter_free import DrafterFreeConfig, Move, Verdict, WorkerGear, plan_restarts
+from controller.metrics import ControllerMetrics
 from fleet.clock import Clock
 from fleet.config import WorkerConfig
 from fleet.restart import RestartCallError, RestartClient, RestartRequest, RestartState
@@ -72,10 +73,12 @@ class GearObservation:
     """Its metrics were read this tick."""
     in_flight: float | None
     """Requests running or waiting on it (None: not read this tick)."""
-    k_chosen: int | None
-    """The k the controller holds for it (None: none yet)."""
+    off_pays: bool
+    """On a worker with its drafter: the controller holds k = 0, or the policy predicts that the same load on the
+    worker started without its drafter (``Decision.off``: k = 0, no idle-drafter tax) beats the k it holds. With
+    the tax counted, a drafter-loaded worker rarely holds k = 0 where drafter-free k = 0 would win."""
     spec_pays: bool
-    """The policy's best k with the drafter would be above 0 (for a drafter-free worker)."""
+    """On a drafter-free worker: the policy's best k with the drafter would be above 0."""
     load_tok_s: float
     capacity_tok_s: float
 
@@ -111,6 +114,7 @@ class GearModes:
         self.verdicts: dict[str, Verdict] = {}
         self._stretch = {w.id: _Stretch() for w in workers}
         self._unrestartable: set[str] = set()
+        self._exported: dict[str, tuple[str, str]] = {}
 
     def drafter_loaded(self, worker_id: str) -> bool:
         mode = self.modes.get(worker_id)
@@ -135,6 +139,18 @@ class GearModes:
                 await self._advance(mode, obs, now)
         await self._plan(seen, now)
 
+    def export(self, metrics: ControllerMetrics) -> None:
+        """Each worker's record as ``gearshift_controller_worker_mode{worker, mode, phase} 1``."""
+        for wid, mode in self.modes.items():
+            labels = (mode.mode.value, mode.phase.value)
+            old = self._exported.get(wid)
+            if old == labels:
+                continue
+            if old is not None:
+                metrics.worker_mode.remove(wid, *old)
+            metrics.worker_mode.labels(wid, *labels).set(1)
+            self._exported[wid] = labels
+
     # ------------------------------------------------------------------------------------------ bookkeeping
     async def _first_sight(self, wid: str, now: float) -> None:
         try:
@@ -150,7 +166,7 @@ class GearModes:
         s = self._stretch[wid]
         if not obs.fresh:
             return
-        s.k0_since = (s.k0_since if s.k0_since is not None else now) if obs.k_chosen == 0 else None
+        s.k0_since = (s.k0_since if s.k0_since is not None else now) if obs.off_pays else None
         s.spec_pays_since = (s.spec_pays_since if s.spec_pays_since is not None else now) if obs.spec_pays else None
 
     async def _write(self, mode: WorkerMode) -> None:
@@ -245,6 +261,8 @@ class GearModes:
 
     async def _serve_as_before(self, mode: WorkerMode, now: float, reason: str) -> None:
         log.warning("worker %s: %s", mode.worker_id, reason)
+        s = self._stretch[mode.worker_id]
+        s.k0_since = s.spec_pays_since = None  # the stretch starts again: no drain straight after a failed one
         await self._write(
             mode.model_copy(update={"phase": Phase.SERVING, "target": None, "since": now, "reason": reason})
         )

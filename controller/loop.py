@@ -182,6 +182,7 @@ class Controller:
             if self.gear_modes is not None:
                 try:
                     await self.gear_modes.tick([self._gear_observation(rt) for rt in self.workers.values()])
+                    self.gear_modes.export(self.metrics)
                 except Exception as exc:  # a store or restart-control hiccup: the moves resume next tick
                     self.metrics.tick_failures.inc()
                     log.warning("drafter-free gear tick failed: %r", exc)
@@ -385,10 +386,13 @@ class Controller:
         fresh = rt.stale_since_s is None and rt.prev is not None
         est, decision = rt.estimate, rt.decision
         load = capacity = 0.0
-        spec_pays = False
+        spec_pays = off_pays = False
         if est is not None and decision is not None:
             current = decision.candidate(rt.stab.k) if rt.stab is not None else None
             load = current.goodput_tok_s if current is not None and est.batch > 0 else 0.0
+            held = current.goodput_tok_s if current is not None else 0.0
+            off = decision.off.goodput_tok_s if decision.off is not None else 0.0
+            off_pays = rt.stab is not None and (rt.stab.k == 0 or (off > held and est.batch > 0))
             seqs = float(rt.max_num_seqs or rt.config.max_num_seqs)
             step = predict_step(
                 rt.profile,
@@ -403,7 +407,7 @@ class Controller:
             worker_id=rt.config.id,
             fresh=fresh,
             in_flight=rt.prev.running + rt.prev.waiting if fresh and rt.prev is not None else None,
-            k_chosen=rt.stab.k if rt.stab is not None else None,
+            off_pays=off_pays,
             spec_pays=spec_pays,
             load_tok_s=load,
             capacity_tok_s=capacity,

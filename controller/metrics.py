@@ -31,12 +31,13 @@ TENANT_COST_USD: Final = "gearshift_controller_tenant_cost_usd"
 PLAN_VERSION: Final = "gearshift_controller_plan_version"
 PLAN_GOODPUT: Final = "gearshift_controller_plan_goodput_predicted_tok_s"
 WORKER_POOL: Final = "gearshift_controller_worker_pool"
+WORKER_MODE: Final = "gearshift_controller_worker_mode"
 
 ALL_NAMES: Final = (
     K_DESIRED, K_APPLIED, DECISIONS, ACCEPTED_LENGTH, STEP_PREDICTED, STEP_OBSERVED, STEP_CORRECTION,
     TPOT_PREDICTED, DECODE_BATCH, OVERLOADED, STALE, SCRAPE_FAILURES, ACTUATION_FAILURES, TICK_DURATION,
     TICK_FAILURES, LEADER, USD_PER_MTOK, USD_PER_MTOK_K0, DRAFTER_SHARE, REJECTED_SHARE, SAVINGS_USD,
-    TENANT_COST_USD, PLAN_VERSION, PLAN_GOODPUT, WORKER_POOL,
+    TENANT_COST_USD, PLAN_VERSION, PLAN_GOODPUT, WORKER_POOL, WORKER_MODE,
 )  # fmt: skip
 
 _W = ["worker"]
@@ -95,4 +96,11 @@ class ControllerMetrics:
         )
         self.worker_pool = Gauge(
             WORKER_POOL, "1 for the pool each worker is in under the published fleet plan.", [*_W, "pool"], registry=r
+        )
+        self.worker_mode = Gauge(
+            WORKER_MODE,
+            "1 for each worker's drafter-free gear record: its mode (drafter, drafter-free) and phase (serving, "
+            "draining, restarting, returning).",
+            [*_W, "mode", "phase"],
+            registry=r,
         )

@@ -55,19 +55,23 @@ log = logging.getLogger("gearshift.controller.placement")
 _SAFETY = (Risk.KV, Risk.PREEMPTION, Risk.COLLAPSE)
 
 
+_PLANNER = PlannerConfig()
+
+
 class PlacementConfig(BaseModel):
-    """The planning loop's knobs (``GEARSHIFT_PLACEMENT__…``). Seconds."""
+    """The planning loop's knobs (``GEARSHIFT_PLACEMENT__…``), defaults from ``controller.planner.PlannerConfig``.
+    Seconds."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     enabled: bool = True
     """Plan and publish; False leaves every worker to its own loop and the gateways on load alone."""
-    period_s: float = Field(30.0, gt=0)
-    min_dwell_s: float = Field(120.0, ge=0)
-    hysteresis: float = Field(0.05, ge=0)
-    ttl_s: float = Field(90.0, gt=0)
+    period_s: float = Field(_PLANNER.period_s, gt=0)
+    min_dwell_s: float = Field(_PLANNER.min_dwell_s, ge=0)
+    hysteresis: float = Field(_PLANNER.hysteresis, ge=0)
+    ttl_s: float = Field(_PLANNER.ttl_s, gt=0)
     """TTL of a published plan: past it the gateways route on load alone and the loops choose their own k."""
-    spill_margin: float = Field(0.2, ge=0, lt=1)
+    spill_margin: float = Field(_PLANNER.spill_margin, ge=0, lt=1)
     class_window_s: float = Field(120.0, gt=0)
     """The ledger window a class's rate and lengths are measured over."""
     max_classes: int = Field(16, ge=1)

@@ -22,7 +22,11 @@ served.
 split of the classes into an *interactive* pool (the classes with a TPOT target) and a *batch* pool (the
 rest), for every pool size, gear (the workers' full-speed gears) and cap. Batch overflow the batch pool cannot
 serve spills onto interactive workers while their predicted TPOT stays inside ``(1 − spill_margin)`` ×
-the interactive target (the gateway's one-way spill rule), which the model counts.
+the interactive target (the gateway's one-way spill rule), which the model counts. A split's pools always
+carry their cap (``max_concurrency``, ``max_num_seqs`` included), since the gateway spills only from a pool
+whose workers are at their cap. The shared pool is judged as the per-worker controller judges itself
+(``shared_view``: mean TPOT within the target), a split with the margins above, and a split is chosen only
+where it beats the shared pool by ``split_gain``: today's behaviour unless placement clearly pays.
 
 **Stability** (``plan_fleet``): a new plan replaces the current one only when its predicted goodput beats the
 current plan's (re-evaluated on today's inputs) by ``hysteresis``, and the current plan has held for
@@ -37,7 +41,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from fleet.config import TierConfig
 from fleet.perf import Profile, conditional_acceptance, expected_tokens_per_step, predict_step
@@ -135,12 +139,15 @@ def estimate_acceptance(
 class PlannerConfig:
     """How the planner decides (controller settings feed it)."""
 
-    period_s: float = 30.0
+    period_s: float = 20.0
     """Seconds between plans."""
-    min_dwell_s: float = 120.0
+    min_dwell_s: float = 60.0
     """A plan holds at least this long before the pools may change."""
     hysteresis: float = 0.05
     """A new plan must predict this much more goodput than the current one (0.05 = +5 %)."""
+    split_gain: float = 0.05
+    """A plan of several pools must predict this much more goodput than the shared pool (the model's error
+    margin: below it, today's per-worker controller keeps the whole fleet)."""
     ttl_s: float = 90.0
     """The published plan's TTL, seconds (readers ignore it afterwards)."""
     spill_margin: float = 0.2
@@ -288,6 +295,12 @@ class Candidate:
     """Batch tokens/s the model expects the interactive pool to absorb."""
 
 
+def shared_view(cfg: PlannerConfig) -> PlannerConfig:
+    """How a pool left to the per-worker loops (k None) is judged: as the controller judges itself, the mean
+    TPOT within the target (no margin, the acceptance at its estimate)."""
+    return replace(cfg, tpot_margin=0.0, acceptance_z=0.0)
+
+
 def _caps(cfg: PlannerConfig, max_num_seqs: int) -> list[int]:
     return sorted({max_num_seqs if c is None or c >= max_num_seqs else c for c in cfg.caps})
 
@@ -329,7 +342,7 @@ def _spill(
     base = evaluate_pool(profile, interactive, workers=n, k=k, cap=cap, cfg=cfg)
     if unserved <= 0 or not batch_loads:
         return 0.0, base
-    spill_cfg = PlannerConfig(**{**cfg.__dict__, "tpot_margin": cfg.spill_margin})
+    spill_cfg = replace(cfg, tpot_margin=cfg.spill_margin)
     lo, hi, best = 0.0, 1.0, base
     for _ in range(8):
         mid = (lo + hi) / 2
@@ -350,7 +363,7 @@ def candidates(inp: PlannerInput, cfg: PlannerConfig) -> list[Candidate]:
     caps = _caps(cfg, inp.max_num_seqs)
     all_loads = [(c, c.rate_req_s) for c in inp.classes]
     names = [c.name for c in inp.classes]
-    _, _, shared = _best_pool(profile, all_loads, len(workers), gears, [inp.max_num_seqs], cfg)
+    _, _, shared = _best_pool(profile, all_loads, len(workers), gears, [inp.max_num_seqs], shared_view(cfg))
     out = [Candidate((PoolPlan(name=SHARED_POOL, classes=names, workers=workers),), shared.goodput_tok_s,
                      {SHARED_POOL: shared})]  # fmt: skip
     inter = [(c, r) for c, r in all_loads if c.tpot_target_s is not None]
@@ -368,14 +381,14 @@ def candidates(inp: PlannerInput, cfg: PlannerConfig) -> list[Candidate]:
                     classes=[c.name for c, _ in inter],
                     workers=workers[:n_i],
                     k=k_i,
-                    max_concurrency=None if cap_i >= inp.max_num_seqs else cap_i,
+                    max_concurrency=cap_i,
                 ),
                 PoolPlan(
                     name=BATCH_POOL,
                     classes=[c.name for c, _ in batch],
                     workers=workers[n_i:],
                     k=k_b,
-                    max_concurrency=None if cap_b >= inp.max_num_seqs else cap_b,
+                    max_concurrency=cap_b,
                 ),
             )
             total = est_i.goodput_tok_s + est_b.goodput_tok_s
@@ -397,15 +410,18 @@ def _evaluate_plan(inp: PlannerInput, plan: FleetPlan, cfg: PlannerConfig) -> fl
         loads = [(c, c.rate_req_s) for c in inp.classes if pool.serves(c.name)]
         cap = pool.max_concurrency or inp.max_num_seqs
         if pool.k is None:
-            total += _best_pool(inp.profile, loads, len(pool.workers), gears, [cap], cfg)[2].goodput_tok_s
+            total += _best_pool(inp.profile, loads, len(pool.workers), gears, [cap], shared_view(cfg))[2].goodput_tok_s
         else:
             est = evaluate_pool(inp.profile, loads, workers=len(pool.workers), k=pool.k, cap=cap, cfg=cfg)
             total += est.goodput_tok_s
     return total
 
 
-def _choose(cands: Sequence[Candidate]) -> Candidate:
-    """The highest predicted goodput; within 1 % of it, the fewest pools, then the most spare capacity."""
+def _choose(cands: Sequence[Candidate], cfg: PlannerConfig) -> Candidate:
+    """The highest predicted goodput, a split counted only where it beats the shared pool (``cands[0]``) by
+    ``split_gain``; within 1 % of it, the fewest pools, then the most spare capacity."""
+    shared = cands[0]
+    cands = [shared, *(c for c in cands[1:] if c.goodput_tok_s >= (1.0 + cfg.split_gain) * shared.goodput_tok_s)]
     top = max(c.goodput_tok_s for c in cands)
     near = [c for c in cands if c.goodput_tok_s >= 0.99 * top]
     return max(
@@ -459,7 +475,7 @@ def plan_fleet(inp: PlannerInput, cfg: PlannerConfig | None = None) -> FleetPlan
     when the best does not beat it by ``hysteresis`` or the current plan is younger than ``min_dwell_s``."""
     cfg = cfg or PlannerConfig()
     cands = candidates(inp, cfg)
-    best = _choose(cands)
+    best = _choose(cands, cfg)
     current = inp.current
     if current is None:
         return _plan(inp, best.pools, 1, "first plan: " + _describe(best), _predicted(inp, best, cfg), cfg)

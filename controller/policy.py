@@ -2,7 +2,8 @@
 
 For every candidate k in the tier set (≤ the worker's k_max) it predicts the mean tokens per request-step
 ``AL(k) = fleet.perf.expected_tokens_per_step(conditional, k)`` and the step time
-``T(B, k) = fleet.perf.step_time × correction`` at the mean decode batch B, carrying the prefill that comes with
+``T(B, k) = fleet.perf.step_time × correction`` (that k's own where it ran recently,
+``Estimate.correction_for``) at the mean decode batch B, carrying the prefill that comes with
 the tokens it emits (prompt tokens per output token × B × AL(k)), hence goodput ``B·AL/T`` (tokens/s) and TPOT
 ``T/AL`` (seconds). It picks the k with the highest goodput among those whose TPOT meets the target of
 the tiers the worker serves; if none does, the k with the lowest TPOT (the most goodput within
@@ -156,7 +157,7 @@ def predict_prefill_s(est: Estimate, profile: Profile, k: int, *, drafter_loaded
         prefill_per_step=chunk,
         drafter_loaded=drafter_loaded,
     ).total_s
-    return (est.waiting + 1.0) * prompt / chunk * step * est.step_correction
+    return (est.waiting + 1.0) * prompt / chunk * step * est.correction_for(k)
 
 
 def _predict(
@@ -182,7 +183,7 @@ def _predict(
         prefill_per_step=prefill,
         drafter_loaded=drafter_loaded,
     )
-    c = est.step_correction
+    c = est.correction_for(k)
     step = raw.total_s * c
     tpot = step / al
     slowest = tpot / slowest_al_ratio(profile, est.class_mix, k, est.context_per_seq, min_share=min_share)

@@ -250,7 +250,8 @@ def speculation_control() -> Dashboard:
                 ),
             ),
             stacked=True,
-            description="Stabiliser actions: hold, up, down, fast-down, probe, probe-end, stale-default. The "
+            description="Stabiliser actions: hold, up, down, fast-down, probe, probe-end, stale-default, plan "
+            "(the fleet plan's pool gear). The "
             "reason string of the latest decision is in `gearshift top` and `gearshift controller explain`.",
         ),
         Panel(
@@ -267,6 +268,54 @@ def speculation_control() -> Dashboard:
             ),
             description="Probes at k_max observe positions above the current k; a lease expiry means the "
             "controller did not renew a schedule and the worker fell back to its start-up table.",
+        ),
+        Row("Drafter-free gear"),
+        Panel(
+            "Mode, phase and gear per worker",
+            (
+                Query(
+                    f"max by (worker, mode, phase) (gearshift_controller_worker_mode{{{W}}}) * on (worker) group_left "
+                    f"max by (worker) (gearshift_controller_k_desired{{{W}}})",
+                    "{{worker}} {{mode}} {{phase}}",
+                ),
+            ),
+            description="Each worker's drafter-free gear record (the legend: drafter or drafter-free; serving, "
+            "draining, restarting or returning) and the k it runs (the value). A draining worker gets no new "
+            "requests; a restarting one serves nothing for the profile's restart_s. Set by the leader controller "
+            "(GEARSHIFT_DRAFTER_FREE__ENABLED).",
+        ),
+        Row("Fleet placement"),
+        Panel(
+            "Pool and gear per worker",
+            (
+                Query(
+                    f"max by (worker, pool) (gearshift_controller_worker_pool{{{W}}}) * on (worker) group_left "
+                    f"max by (worker) (gearshift_controller_k_desired{{{W}}})",
+                    "{{worker}} in {{pool}}",
+                ),
+            ),
+            width=8,
+            description="Each worker's pool in the published fleet plan (the legend) and the k it runs there (the "
+            "value). A worker missing here is in no plan: its own loop chooses its k.",
+        ),
+        Panel(
+            "Fleet plan",
+            (
+                Query("max by (model) (gearshift_controller_plan_version)", "{{model}} version"),
+                Query("min by (model) (gearshift_gateway_plan_fresh)", "{{model}} fresh at every gateway"),
+            ),
+            width=8,
+            description="The plan's version grows when the planner changes the pools; a gateway that reads it "
+            "older than its TTL routes on load alone (fresh 0).",
+        ),
+        Panel(
+            "Placement routing (req/s by outcome)",
+            (Query(rate_by("gearshift_gateway_placement_routes_total", "outcome"), "{{outcome}}"),),
+            "reqps",
+            width=8,
+            stacked=True,
+            description="home: the class's own pool; spill: another pool within its SLA headroom; saturated: "
+            "every candidate at its cap (the request waits); unplanned: no fresh plan or no pool for the class.",
         ),
         Row("Acceptance"),
         Panel(

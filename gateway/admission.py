@@ -128,11 +128,14 @@ class Admitter:
         if not limits:
             return ticket
         ticket.admitted_at = self._clock.wall()
-        result = await self._admit(limits, ticket)
-        if not result.allowed and result.tripped == (ticket.slot.key if ticket.slot else None) and self._grace_s > 0:
+        result = await self._admit(limits, ticket, release=False)
+        slot_key = ticket.slot.key if ticket.slot is not None else None
+        if not result.allowed and result.tripped == slot_key and slot_key in self._releasing:
+            result = await self._admit(limits, ticket, release=True)  # free this replica's finished requests' slots
+        if not result.allowed and result.tripped == slot_key and self._grace_s > 0:
             await self._clock.sleep(self._grace_s)  # another replica's settlement of a finished request may land
             ticket.admitted_at = self._clock.wall()
-            result = await self._admit(limits, ticket)
+            result = await self._admit(limits, ticket, release=True)
         if result.allowed:
             return ticket
         reason = reason_of(result.tripped or "")
@@ -148,8 +151,10 @@ class Admitter:
             retry_after_s=result.retry_after_s,
         )
 
-    async def _admit(self, limits: list[Limit], ticket: Ticket) -> Admission:
-        limits = [self._with_local_accounting(limit) for limit in limits]
+    async def _admit(self, limits: list[Limit], ticket: Ticket, *, release: bool) -> Admission:
+        """One admit call; with ``release``, it also frees the slots of this replica's finished requests whose
+        settlements have not landed (only after a concurrency refusal: on the common path they cost nothing)."""
+        limits = [self._with_local_accounting(limit, release=release) for limit in limits]
         try:
             result = await self._store.admit(limits, now=ticket.admitted_at)
         except Exception as exc:  # the shared store is away: apply the configured failure mode
@@ -162,14 +167,14 @@ class Admitter:
                     self._released(limit.key, limit.releasing)
             return result
         ticket.local = True
-        share = self._local_share()
-        if ticket.tpm is not None:
-            ticket.tpm = replace(ticket.tpm, limit=max(1, int(ticket.tpm.limit * share)))
-        local = [_scaled(limit, share) for limit in limits]
+        local = [_scaled(limit, self._local_share()) for limit in limits]
+        ticket.tpm = next(
+            (w for w in local if isinstance(w, WindowLimit) and ticket.tpm and w.key == ticket.tpm.key), None
+        )
         return await self._local.admit(local, now=ticket.admitted_at)
 
-    def _with_local_accounting(self, limit: Limit) -> Limit:
-        if isinstance(limit, SlotLimit) and self._releasing.get(limit.key):
+    def _with_local_accounting(self, limit: Limit, *, release: bool) -> Limit:
+        if release and isinstance(limit, SlotLimit) and self._releasing.get(limit.key):
             return replace(limit, releasing=tuple(self._releasing[limit.key]))
         if isinstance(limit, BudgetLimit) and limit.key in self._unbilled:
             return replace(limit, pending_usd=self._unbilled[limit.key])

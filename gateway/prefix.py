@@ -10,9 +10,10 @@ only full blocks count, at most ``max_blocks``. Block ``i``'s hash chains the bl
 request repeats the previous messages, so it shares the previous request's blocks. Python's string hash is
 randomised per process, which is harmless: the index lives in one gateway process.
 
-**Index.** ``PrefixIndex`` remembers, per block hash, which workers were sent a request holding it and when (Unix
-seconds). It is approximate, as the worker's cache is not observed: an entry counts for ``ttl_s`` after its last
-use, and at most ``capacity`` block hashes are kept (the least recently used are dropped).
+**Index.** ``PrefixIndex`` remembers, per block hash and worker, when that worker was last sent a request holding
+the block (Unix seconds). It is approximate, as the worker's cache is not observed: an entry counts for ``ttl_s``
+after its last use, and at most ``capacity`` entries are kept (the least recently used are dropped; about 200 bytes
+each).
 
 **Score.** ``PrefixScorer`` gives each worker ``matched / blocks``: the share of the request's leading blocks
 recorded for it. Bounded load: a worker whose load exceeds ``load_factor × (least + 1)`` — least being the smallest
@@ -52,8 +53,9 @@ def _message_text(message: Mapping[str, Any]) -> str:
     return f"\x1e{message.get('role', '')}\x1f{text}{calls}"
 
 
-def prompt_text(body: Mapping[str, Any], *, chat: bool) -> str:
-    """The prompt laid out in the order the worker sees it (see the module docstring); "" when there is none."""
+def prompt_text(body: Mapping[str, Any], *, chat: bool, limit: int | None = None) -> str:
+    """The prompt laid out in the order the worker sees it (see the module docstring); "" when there is none. With
+    ``limit``, messages past the first ``limit`` characters are left out (they cannot reach a hashed block)."""
     if not chat:
         prompt = body.get("prompt")
         if isinstance(prompt, str):
@@ -65,8 +67,15 @@ def prompt_text(body: Mapping[str, Any], *, chat: bool) -> str:
     if not isinstance(messages, list):
         return ""
     tools = body.get("tools")
-    head = orjson.dumps(tools).decode() if tools else ""
-    return head + "".join(_message_text(m) for m in messages if isinstance(m, dict))
+    parts = [orjson.dumps(tools).decode()] if tools else []
+    size = len(parts[0]) if parts else 0
+    for m in messages:
+        if limit is not None and size >= limit:
+            break
+        if isinstance(m, dict):
+            parts.append(_message_text(m))
+            size += len(parts[-1])
+    return "".join(parts)
 
 
 def block_hashes(
@@ -84,19 +93,20 @@ def block_hashes(
 
 def request_blocks(body: Mapping[str, Any], *, chat: bool, block_chars: int, max_blocks: int) -> tuple[int, ...]:
     """The block hashes of a completion body's prompt (``prompt_text`` then ``block_hashes``)."""
-    return block_hashes(prompt_text(body, chat=chat), block_chars=block_chars, max_blocks=max_blocks)
+    text = prompt_text(body, chat=chat, limit=block_chars * max_blocks)
+    return block_hashes(text, block_chars=block_chars, max_blocks=max_blocks)
 
 
 class PrefixIndex:
-    """Block hash → {worker id: Unix seconds it was last sent a request holding that block}, least recently used
-    first, at most ``capacity`` hashes; entries older than ``ttl_s`` seconds do not count."""
+    """(block hash, worker id) → Unix seconds that worker was last sent a request holding that block, least
+    recently used first, at most ``capacity`` entries; entries older than ``ttl_s`` seconds do not count."""
 
     def __init__(self, *, ttl_s: float, capacity: int) -> None:
         if ttl_s <= 0 or capacity <= 0:
             raise ValueError("ttl_s and capacity: must be positive")
         self.ttl_s = ttl_s
         self.capacity = capacity
-        self._seen: OrderedDict[int, dict[str, float]] = OrderedDict()
+        self._seen: OrderedDict[tuple[int, str], float] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._seen)
@@ -104,31 +114,30 @@ class PrefixIndex:
     def record(self, blocks: Sequence[int], worker_id: str, now: float) -> None:
         """``worker_id`` was sent a request whose prompt holds ``blocks`` (at Unix time ``now``)."""
         seen = self._seen
-        for h in blocks:
-            workers = seen.get(h)
-            if workers is None:
-                seen[h] = {worker_id: now}
-            else:
-                workers[worker_id] = now
-                seen.move_to_end(h)
+        for h in reversed(blocks):  # the beginning most recent: evicted last, as the worker's cache keeps it longest
+            key = (h, worker_id)
+            if key in seen:
+                seen.move_to_end(key)
+            seen[key] = now
         while len(seen) > self.capacity:
             seen.popitem(last=False)
 
     def matches(self, blocks: Sequence[int], worker_ids: Sequence[str], now: float) -> dict[str, int]:
-        """Worker id → how many leading ``blocks`` were recorded for it within the TTL (0 for none)."""
-        matched = dict.fromkeys(worker_ids, 0)
-        live = set(worker_ids)
+        """Worker id → how many leading ``blocks`` were recorded for it within the TTL (0 for none). Entries are
+        recorded a whole prefix at a time (its beginning last, so evicted last) and the hashes are chained, so a
+        worker's recorded blocks are a leading run: a binary search finds its end in about log2(blocks) lookups."""
         oldest = now - self.ttl_s
         seen = self._seen
-        for depth, h in enumerate(blocks):
-            workers = seen.get(h)
-            if workers is None:
-                break
-            live = {w for w in live if workers.get(w, -math.inf) >= oldest}
-            if not live:
-                break
-            for w in live:
-                matched[w] = depth + 1
+        matched = {}
+        for w in worker_ids:
+            lo, hi = 0, len(blocks)
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if seen.get((blocks[mid - 1], w), -math.inf) >= oldest:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            matched[w] = lo
         return matched
 
 

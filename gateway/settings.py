@@ -135,7 +135,7 @@ class GatewaySettings(CommonSettings):
     prefix_ttl_s: Seconds = 300.0
     """How long the index believes a worker still caches a block it was sent, seconds."""
     prefix_index_blocks: Annotated[int, Field(gt=0)] = 262_144
-    """Most block hashes the index keeps (least recently used dropped first); about 100 bytes each."""
+    """Most (block hash, worker) entries the index keeps (least recently used dropped first); about 200 bytes each."""
     prefix_load_factor: Annotated[float, Field(ge=1)] = 2.0
     """Bounded load: affinity holds only while the worker's load is at most this × (the least loaded + 1)."""
 

@@ -96,6 +96,7 @@ class GearshiftLauncher:
             "GEARSHIFT_ADMIN_KEY": secrets.token_urlsafe(24),
             "GEARSHIFT_CONTROL_TOKEN": secrets.token_urlsafe(24),
             "GEARSHIFT_LOG_LEVEL": "WARNING",
+            "GEARSHIFT_SPOOL_DIR": str(log_dir / f"spool-{port}"),  # never an operator's state directory
         }
         argv = [sys.executable, "-c", gateway_entry(self.source), "gateway", "--port", str(port)]
         child = spawn(self.name, argv, cpu=cpu, log_dir=log_dir, env=env)

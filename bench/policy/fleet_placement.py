@@ -39,7 +39,7 @@ from fleet.speculation import Schedule, SpeculationUpdate, uniform_schedule
 from fleet.store.protocol import WorkerState
 from workers.sim.virtual import TickContext, VirtualWorker
 
-WINDOW_S = 60.0
+WINDOW_S = 40.0
 """Seconds of recent arrivals the planner's per-class load is measured over."""
 LEASE_S = 3600.0
 STATIC_TTL_S = 1e9
@@ -122,6 +122,10 @@ class FleetPlacementPolicy:
         self._profile = load_profile(ctx.profile_name)
         self._seqs = workers[0].control.max_num_seqs
         self._next_plan_s = self.config.period_s
+        self._counters = {
+            w.worker_id: _Counters(w.control.k_for(1), w.stats.num_drafts, w.stats.num_accepted_tokens)
+            for w in workers
+        }
         self._activate(frozenset(w.worker_id for w in workers))
 
     def _activate(self, ids: frozenset[str]) -> None:

@@ -208,6 +208,7 @@ def run_policy(
         seed=scenario.seed,
         placement=policy.placement if isinstance(policy, PlacingPolicy) else None,
         modes=policy.worker_modes if isinstance(policy, ModalPolicy) else None,
+        profile=profile,
     )
     lab = VirtualLab(
         workers,

@@ -8,11 +8,12 @@ uniform static k) is the suite's static runs, so the ceiling is never below the 
 
 **Method.** Exhaustive over pool sizes and shares; for each (pool size, shares) the two pools are independent
 (no spill in a static placement), so each pool's (k, cap) is chosen separately by the planner's steady-state
-model (``controller.planner.evaluate_pool``) on the scenario's known loads (hindsight: the duration-weighted
-rate and mean lengths of each class, the profile's acceptance). The ``TOP_N`` distinct placements the model
-ranks highest are then run in the virtual lab on the scenario's trace, and the best measured goodput is the
-ceiling (with the best uniform static k). So the ceiling is a lower bound on the true static optimum, found
-by a search whose size ``search_size`` states: the model screens it, the lab decides among the best.
+model (``controller.planner.evaluate_pool``) on the scenario's known loads (hindsight: each phase's rate and
+mean lengths per class, the profile's acceptance), maximising the tokens within SLA summed over the phases.
+The ``TOP_N`` distinct placements the model ranks highest are then run in the virtual lab on the scenario's
+trace, and the best measured goodput is the ceiling (with the best uniform static k). So the ceiling is a
+lower bound on the true static optimum, found by a search whose size ``search_size`` states: the model
+screens it, the lab decides among the best.
 
 **Knee** (``knee_rate``): the Poisson rate at which the best uniform static k first drops below
 ``KNEE_ATTAINMENT`` interactive SLA attainment, by bisection in virtual time (``KNEE_STEPS`` halvings of
@@ -31,7 +32,7 @@ from bench.policy.lab import run_policy
 from bench.policy.policies import StaticSchedule
 from bench.policy.run_metrics import RunMetrics, summarise, verdicts
 from bench.policy.scenario import Poisson, Scenario, ScenarioPhase
-from controller.planner import ClassLoad, PlannerConfig, PoolEstimate, evaluate_pool, prior_accepted_length
+from controller.planner import ClassLoad, PlannerConfig, evaluate_pool, prior_accepted_length
 from fleet.perf import Profile, load_profile
 from fleet.plan import FleetPlan, PoolPlan, TrafficClass, traffic_class
 
@@ -82,10 +83,19 @@ def _rate(phase: ScenarioPhase) -> float:
 def scenario_loads(scenario: Scenario, profile: Profile) -> list[ClassLoad]:
     """Each class's duration-weighted arrival rate and mean lengths over the scenario (loads resolved), with
     the profile's accepted length: what hindsight knows."""
-    total = scenario.duration_s
+    return _loads(scenario, scenario.phases, profile)
+
+
+def phase_loads(scenario: Scenario, profile: Profile) -> list[tuple[float, list[ClassLoad]]]:
+    """Per phase: its duration (s) and its classes' loads (``scenario_loads`` of the phase alone)."""
+    return [(p.duration_s, _loads(scenario, (p,), profile)) for p in scenario.phases]
+
+
+def _loads(scenario: Scenario, phases: Sequence[ScenarioPhase], profile: Profile) -> list[ClassLoad]:
+    total = sum(p.duration_s for p in phases)
     acc: dict[TrafficClass, list[float]] = {}
     tiers: dict[TrafficClass, str] = {}
-    for phase in scenario.phases:
+    for phase in phases:
         weight = sum(c.weight for c in phase.mix)
         for c in phase.mix:
             name = traffic_class(c.tier, c.workload)
@@ -135,37 +145,51 @@ def search_size(classes: int, workers: int, gears: int, seqs: int) -> int:
     return (workers - 1) * shares * per_pool * per_pool
 
 
-def _best_pool(profile: Profile, loads: Sequence[tuple[ClassLoad, float]], n: int, seqs: int,
-               cfg: PlannerConfig) -> tuple[int, int, PoolEstimate]:  # fmt: skip
-    best: tuple[float, int, int, PoolEstimate] | None = None
+def _best_pool(profile: Profile, phases: Sequence[tuple[float, Sequence[tuple[ClassLoad, float]]]], n: int,
+               seqs: int, cfg: PlannerConfig) -> tuple[int, int, float]:  # fmt: skip
+    """The (k, cap) with the most predicted tokens within SLA over the phases (duration × goodput), and
+    that figure over the whole duration, tok/s."""
+    total = sum(d for d, _ in phases)
+    best: tuple[float, int, int] | None = None
     for k in range(profile.drafter.k_max + 1):
         for cap in _caps(seqs):
-            est = evaluate_pool(profile, loads, workers=n, k=k, cap=cap, cfg=cfg)
-            if best is None or est.goodput_tok_s > best[0] + 1e-9:
-                best = (est.goodput_tok_s, k, cap, est)
+            good = sum(
+                d * evaluate_pool(profile, loads, workers=n, k=k, cap=cap, cfg=cfg).goodput_tok_s for d, loads in phases
+            )
+            if best is None or good > best[0] + 1e-9:
+                best = (good, k, cap)
     assert best is not None
-    return best[1], best[2], best[3]
+    return best[1], best[2], best[0] / total
 
 
 def search(scenario: Scenario, profile: Profile, *, top: int = TOP_N) -> list[PlacementChoice]:
     """The ``top`` two-pool placements the model ranks highest (see the module docstring), best first."""
     classes = scenario_loads(scenario, profile)
+    by_phase = [(d, {c.name: c for c in loads}) for d, loads in phase_loads(scenario, profile)]
     workers = [f"w{i}" for i in range(scenario.workers)]
     seqs, cfg = scenario.seqs, PlannerConfig()
-    cache: dict[tuple[int, tuple[int, ...]], tuple[int, int, PoolEstimate]] = {}
+    cache: dict[tuple[int, tuple[int, ...]], tuple[int, int, float]] = {}
     found: list[PlacementChoice] = []
+    seen: set[tuple[int, tuple[int, ...]]] = set()
     for n_a in range(1, len(workers)):
         for steps in itertools.product(range(SHARE_STEPS + 1), repeat=len(classes)):
             if all(s == 0 for s in steps) or all(s == SHARE_STEPS for s in steps):
                 continue  # every class in one pool: the other pool idles (a uniform fleet does better)
+            if (len(workers) - n_a, tuple(SHARE_STEPS - s for s in steps)) in seen:
+                continue  # the mirror image of one already ranked (pools A and B swapped)
+            seen.add((n_a, steps))
             sides = {}
             for side, n in ((POOL_A, n_a), (POOL_B, len(workers) - n_a)):
                 mine = tuple(s if side == POOL_A else SHARE_STEPS - s for s in steps)
                 if (n, mine) not in cache:
-                    loads = [(c, c.rate_req_s * s / SHARE_STEPS) for c, s in zip(classes, mine, strict=True)]
-                    cache[n, mine] = _best_pool(profile, loads, n, seqs, cfg)
+                    phases = [
+                        (d, [(at[c.name], at[c.name].rate_req_s * s / SHARE_STEPS)
+                             for c, s in zip(classes, mine, strict=True) if c.name in at])
+                        for d, at in by_phase
+                    ]  # fmt: skip
+                    cache[n, mine] = _best_pool(profile, phases, n, seqs, cfg)
                 sides[side] = cache[n, mine]
-            (k_a, cap_a, est_a), (k_b, cap_b, est_b) = sides[POOL_A], sides[POOL_B]
+            (k_a, cap_a, good_a), (k_b, cap_b, good_b) = sides[POOL_A], sides[POOL_B]
             plan = FleetPlan(
                 model="placement",
                 version=1,
@@ -182,7 +206,7 @@ def search(scenario: Scenario, profile: Profile, *, top: int = TOP_N) -> list[Pl
                 c.name: {POOL_A: s / SHARE_STEPS, POOL_B: 1 - s / SHARE_STEPS}
                 for c, s in zip(classes, steps, strict=True)
             }
-            found.append(PlacementChoice(plan, shares, est_a.goodput_tok_s + est_b.goodput_tok_s))
+            found.append(PlacementChoice(plan, shares, good_a + good_b))
     found.sort(key=lambda c: -c.predicted_tok_s)
     return found[:top]
 

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from bench.markdown import fmt, pct, table
+from bench.policy import placement_report
 from bench.policy import plots as plotting
 from bench.policy.frontier import FRONTIER_SCENARIO, MATCHED_SPEEDS, frontier_points, throughput_at
 from bench.policy.run_metrics import RunMetrics
@@ -123,6 +124,7 @@ def render(results: Mapping[str, SuiteResult], *, command: str, plots: Mapping[s
         skipped = f" Not run here: {', '.join(result.skipped)} (`Scenario.fits`)." if result.skipped else ""
         lines += [f"## Profile {name}", "", f"Recipe default: `{result.recipe}`.{skipped}", ""]
         lines += _targets_section(result)
+        lines += placement_report.section(result)
         lines += _capacity_lines(result)
         lines += _figures_section(result, plots[name])
         for sc in result.scenarios:

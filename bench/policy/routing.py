@@ -24,10 +24,11 @@ from typing import Protocol, runtime_checkable
 
 from fleet.clock import Clock
 from fleet.config import FleetConfig, TenantsConfig, TierConfig
+from fleet.perf import Profile
 from fleet.plan import FleetPlan, TrafficClass, traffic_class
 from fleet.store.protocol import WorkerState
 from fleet.worker_mode import WorkerMode
-from gateway.placement import placement_filter
+from gateway.placement import PlacementFilter, placement_filter
 from gateway.pool import WorkerView
 from gateway.routing import RouteContext, default_router
 from gateway.settings import GatewaySettings
@@ -82,6 +83,16 @@ def static_pool(placement: Placement, cls: TrafficClass, workers: Sequence[Virtu
 class GatewayRouter(Router):
     """A lab ``Router`` that ranks workers with the gateway's filters and scorers (weights from settings)."""
 
+    @staticmethod
+    def _placement_filter(
+        fleet: FleetConfig, tiers: Mapping[str, TierConfig], profile: Profile | None
+    ) -> PlacementFilter:
+        """The gateway's placement filter; with ``profile``, every worker runs it (a lab profile need not be a
+        built-in one the fleet's model could name)."""
+        if profile is None:
+            return placement_filter(fleet, TenantsConfig(tiers=dict(tiers), tenants=()))
+        return PlacementFilter(tiers=tiers, profiles={w.id: profile for w in fleet.workers})
+
     def __init__(
         self,
         *,
@@ -93,6 +104,7 @@ class GatewayRouter(Router):
         settings: GatewaySettings | None = None,
         placement: PlacementSource | None = None,
         modes: ModeSource | None = None,
+        profile: Profile | None = None,
     ) -> None:
         """``modes``: the workers' drafter-free gear records (``fleet.worker_mode``; None: none), for the
         gateway's draining filter; a worker restarting in the lab (``VirtualWorker.offline_until_s``) is unhealthy."""
@@ -101,7 +113,7 @@ class GatewayRouter(Router):
         self._modes = modes
         self._draws = random.Random(seed + 7919)
         self._router = default_router(
-            placement=placement_filter(fleet, TenantsConfig(tiers=dict(tiers), tenants=())) if placement else None,
+            placement=self._placement_filter(fleet, tiers, profile) if placement else None,
             weight_queue=s.weight_queue,
             weight_kv=s.weight_kv,
             weight_speculation=s.weight_speculation,

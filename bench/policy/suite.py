@@ -282,7 +282,9 @@ def _placement_stage(
             else:
                 r.knees[sc.name] = hit.rate_per_s
     with ProcessPoolExecutor(max_workers=max(processes, 1)) as pool:
-        ceilings = [(r, sc, pool.submit(placement.best_static_placement, sc, name=BEST_PLACEMENT)) for r, sc in searched]
+        ceilings = [
+            (r, sc, pool.submit(placement.best_static_placement, sc, name=BEST_PLACEMENT)) for r, sc in searched
+        ]
         knees = [(r, sc, pool.submit(_knee, sc)) for r, sc in kneed]
         for r, sc, fut in ceilings:
             r.ceilings[sc.name] = fut.result()

@@ -122,7 +122,12 @@ class MemoryStore:
         """Remember ``settle_id`` in its scope; False when it was applied within the dedupe period."""
         dedupe_s = max([SETTLE_DEDUPE_S, *(2 * w.window_s for w in windows)])
         seen = self._settled.setdefault(scope_of(name), {})
-        for old in [i for i, at in seen.items() if at < now - dedupe_s]:
+        expired = []
+        for old, at in seen.items():  # oldest first (insertion order), so this stops at the first one kept
+            if at >= now - dedupe_s:
+                break
+            expired.append(old)
+        for old in expired:
             del seen[old]
         if settle_id in seen:
             return False

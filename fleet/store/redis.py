@@ -358,7 +358,7 @@ class RedisStore:
             node = self._redis.get_node_from_key(key)
             acked = await self._redis.execute_command("WAIT", self._wait_replicas, self._wait_ms, target_nodes=node)
         else:
-            acked = await self._redis.execute_command("WAIT", self._wait_replicas, self._wait_ms)
+            acked = await self._redis.wait(self._wait_replicas, self._wait_ms)
         if int(acked) < self._wait_replicas:
             raise NotReplicated(f"{acked} of {self._wait_replicas} replicas acknowledged the ledger write")
 

@@ -110,7 +110,8 @@ async def ledger(
 
 @router.get("/workers")
 async def workers(_: AdminDep, gw: GatewayDep) -> dict[str, Any]:
-    """The routing view of every worker: health, ejection, in-flight and the published state."""
+    """The routing view of every worker: health, ejection, in-flight, the published state and its drafter-free
+    gear record (``fleet.worker_mode``)."""
     return {
         "object": "list",
         "data": [
@@ -121,6 +122,7 @@ async def workers(_: AdminDep, gw: GatewayDep) -> dict[str, Any]:
                 "ejected_until": v.ejected_until or None,
                 "in_flight": v.in_flight,
                 "state": v.state.model_dump() if v.state else None,
+                "mode": v.mode.model_dump(mode="json") if v.mode else None,
             }
             for v in gw.pool.views.values()
         ],

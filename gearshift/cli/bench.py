@@ -6,8 +6,12 @@
   pass-through proxy (and any ``--proxy-cmd``) → ``docs/benchmarks/gateway.md`` + PNGs.
 - ``gearshift bench overload``: TTFT per tier under overload with and without the gateway's overload control →
   ``docs/benchmarks/overload.md``.
+- ``gearshift bench limits``: RPM, TPM, concurrency and budget admitted against their limits by two gateway
+  replicas on one Redis and on a Redis Cluster → ``docs/benchmarks/limits.md`` (``gearshift.cli.bench_limits``).
 - ``gearshift bench prefix``: multi-turn agentic sessions with and without prefix affinity →
   ``docs/benchmarks/prefix.md`` + a PNG (``gearshift.cli.bench_prefix``).
+- ``gearshift bench drafter-free``: the controller with and without the drafter-free gear on hours-long scenarios
+  → ``docs/benchmarks/drafter-free.md`` (``gearshift.cli.bench_drafter_free``).
 - ``gearshift bench robustness``: the controller with a wrong model (the workers run a perturbed or other profile)
   → ``docs/benchmarks/robustness.md``.
 """
@@ -24,12 +28,14 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from gearshift.cli import bench_prefix, replay, soak
+from gearshift.cli import bench_drafter_free, bench_limits, bench_prefix, replay, soak
 
 bench_app = typer.Typer(help="Benchmarks and load checks: speculation policies in virtual time, the gateway's cost, …")
 bench_app.command("soak")(soak.soak)
 bench_app.command("fuzz")(soak.fuzz)
 bench_app.command("prefix")(bench_prefix.prefix)
+bench_app.command("limits")(bench_limits.limits)
+bench_app.command("drafter-free")(bench_drafter_free.drafter_free)
 bench_app.command("replay")(replay.replay)
 bench_app.command("replay-speed")(replay.replay_speed)
 bench_app.command("replay-check")(replay.replay_check)

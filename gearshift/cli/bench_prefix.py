@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shlex
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -20,6 +21,9 @@ def prefix(
     workers: Annotated[int, typer.Option(min=1, help="Simulated workers.")] = 4,
     duration: Annotated[float, typer.Option(min=1.0, help="Virtual seconds of load per arm.")] = 600.0,
     warmup: Annotated[float, typer.Option(min=0.0, help="Virtual seconds left out of the figures.")] = 120.0,
+    sweep: Annotated[
+        list[int] | None, typer.Option(help="Further session counts for the second table (repeatable; 0: none).")
+    ] = None,
 ) -> None:
     """Multi-turn agentic sessions routed with the prefix scorer off, on, and on without its load bound."""
     from bench.prefix import PrefixBenchConfig, write
@@ -28,6 +32,8 @@ def prefix(
         typer.echo("error: --warmup must be shorter than --duration", err=True)
         raise typer.Exit(2)
     config = PrefixBenchConfig(sessions=sessions, workers=workers, duration_s=duration, warmup_s=warmup)
+    if sweep is not None:
+        config = replace(config, sweep=tuple(n for n in sweep if n > 0))
     command = "gearshift bench " + " ".join(shlex.quote(a) for a in sys.argv[2:])
     load = "load average {:.1f} {:.1f} {:.1f}".format(*os.getloadavg())
     path = write(config, out, command=command, load=load)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -22,6 +23,7 @@ from fleet.config import ConfigError
 from fleet.perf import load_profile
 from fleet.store.memory import MemoryStore
 from gearshift.cli.explain import explain
+from gearshift.cli.explain_plan import plans_view, stored_plans
 from gearshift.cli.up import run_until_signalled
 
 controller_app = typer.Typer(
@@ -71,10 +73,12 @@ async def sample(settings: ControllerSettings, ticks: int) -> Controller:
 def explain_cmd(
     ticks: int = typer.Option(3, min=2, help="Ticks to sample (the first only sets the baseline)."),
 ) -> None:
-    """Sample every worker for a few ticks (dry-run) and print, per worker, the estimate, the predicted
-    goodput and TPOT of every candidate k, and the decision with its reason."""
+    """Print the fleet plan in the store (pools, gears, per-class acceptance, why), then sample every worker for a
+    few ticks (dry-run) and print, per worker, the estimate, the predicted goodput and TPOT of every candidate k,
+    and the decision with its reason."""
     settings = _settings(dry_run=True, metrics_port=0)
     controller = asyncio.run(sample(settings, ticks))
+    Console().print(plans_view(asyncio.run(stored_plans(settings)), now=time.time()))
     Console().print(explain(controller.workers.values()))
 
 

@@ -6,12 +6,14 @@ import asyncio
 from pathlib import Path
 from typing import Annotated
 
+import httpx
 import typer
 
 from bench.profiler.sweep import Point, SweepConfig
 from bench.profiler.worker_client import ProfilerError
 from fleet.config import CommonSettings, ConfigError
 from fleet.perf import load_profile
+from fleet.speculation_client import SpeculationCallError, SpeculationClient
 
 
 def _ints(text: str, option: str) -> tuple[int, ...]:
@@ -32,11 +34,21 @@ def _echo_point(point: Point) -> None:
     )
 
 
+async def _default_ks(worker: str, token: str) -> tuple[int, ...]:
+    """0, 1, 2, 4 and the worker's k_max (those at most k_max)."""
+    async with httpx.AsyncClient(timeout=10.0) as client:
+        k_max = (await SpeculationClient(client, control_token=token).state(worker)).k_max
+    return tuple(sorted({k for k in (0, 1, 2, 4) if k <= k_max} | {k_max}))
+
+
 def profile(
     worker: Annotated[str, typer.Option("--worker", help="Worker base URL, e.g. http://127.0.0.1:8000.")],
     out: Annotated[Path | None, typer.Option("--out", help="Profile YAML to write (default: stdout).")] = None,
     batch_sizes: Annotated[str, typer.Option("--batch-sizes", help="Concurrent streams per point.")] = "1,2,4,8,16,32",
-    ks: Annotated[str, typer.Option("--ks", help="Speculation lengths to sweep (≤ the worker's k_max).")] = "0,1,2,4,8",
+    ks: Annotated[
+        str | None,
+        typer.Option("--ks", help="Speculation lengths to sweep (≤ the worker's k_max; default 0,1,2,4,k_max)."),
+    ] = None,
     base: Annotated[
         str, typer.Option("--base-profile", help="Profile whose structure (experts, bandwidth…) is kept.")
     ] = "kimi-k3-dspark-tp16",
@@ -55,9 +67,18 @@ def profile(
     from bench.profiler.output import render  # the fit needs numpy, from the bench extra
     from bench.profiler.run import profile_worker
 
+    token = CommonSettings().control_token.get_secret_value()
+    sizes = _ints(batch_sizes, "--batch-sizes")
+    swept = _ints(ks, "--ks") if ks is not None else None
+    if swept is None:
+        try:
+            swept = asyncio.run(_default_ks(worker, token))
+        except (httpx.HTTPError, SpeculationCallError) as exc:
+            typer.echo(f"error: {worker}: cannot read its speculation state: {exc}", err=True)
+            raise typer.Exit(1) from exc
     config = SweepConfig(
-        batch_sizes=_ints(batch_sizes, "--batch-sizes"),
-        ks=_ints(ks, "--ks"),
+        batch_sizes=sizes,
+        ks=swept,
         window_steps=window_steps,
         prompt_words=prompt_words,
         temperature=temperature,
@@ -67,7 +88,6 @@ def profile(
     )
     try:
         base_profile = load_profile(base)
-        token = CommonSettings().control_token.get_secret_value()
         fit = asyncio.run(
             profile_worker(
                 worker,

@@ -185,7 +185,9 @@ def replay_check(
 
 
 def drive(
-    gateway: Annotated[str, typer.Option(help="Gateway base URL.")] = "http://127.0.0.1:8000",
+    gateway: Annotated[
+        str | None, typer.Option(help="Gateway base URL (default: GEARSHIFT_HOST and GEARSHIFT_PORT).")
+    ] = None,
     duration: Annotated[float, typer.Option(min=1.0, help="Seconds of traffic.")] = 60.0,
     rate: Annotated[float, typer.Option(min=0.1, help="Open-loop arrivals per second, each tier.")] = 2.0,
     sessions: Annotated[int, typer.Option(min=0, help="Closed-loop interactive sessions (x-gearshift-session).")] = 4,
@@ -197,8 +199,10 @@ def drive(
 
     from bench.replay.check import CheckConfig
     from bench.replay.check import drive as run_drive
+    from gearshift.cli.usage import local_gateway_url
 
     console = Console(stderr=True)
     config = CheckConfig(duration_s=duration, rate_per_s=rate, sessions=sessions)
+    gateway = gateway or local_gateway_url()
     sent = asyncio.run(run_drive(gateway, model, config, progress=lambda m: console.print(f"[dim]{m}")))
     console.print(f"sent {sent} requests through {gateway}")

@@ -1,8 +1,10 @@
 """``gearshift top``: a live terminal view of the fleet (rich).
 
-Per worker: model, its pool in the fleet plan the gateway follows, k desired/applied (its gear), accepted length,
-running/waiting, KV use, output tokens/s, $/Mtok and the controller's last decision reason, cut to fit the terminal
-(``gearshift controller explain`` has it whole). Per tenant: requests/s and the TPOT p99 of its tier against the target.
+Per worker: model, its pool in the fleet plan the gateway follows, k desired/applied (its gear; "free" marks a
+worker restarted without its drafter, and the status shows "draining" or "restarting" during such a move),
+accepted length, running/waiting, KV use, output tokens/s, $/Mtok and the controller's last decision reason, cut to
+fit the terminal (``gearshift controller explain`` has it whole). Per tenant: requests/s and the TPOT p99 of its
+tier against the target.
 Sources: each worker's ``/metrics`` (URLs from the fleet file), the gateway's ``/metrics``, and the worker
 states the controller publishes — read from the store when ``GEARSHIFT_REDIS_URL`` is set, otherwise through
 the gateway's admin API (which serves them from the store of a ``gearshift up`` process).
@@ -27,6 +29,7 @@ from fleet.config import CommonSettings, ConfigError, FleetConfig, TenantsConfig
 from fleet.scrape import WorkerScrape, parse_worker_metrics
 from fleet.store.factory import build_store
 from fleet.store.protocol import Store, WorkerState
+from fleet.worker_mode import WorkerMode, read_modes
 from gateway.settings import GatewaySettings
 from gearshift.cli.top_model import (
     Snapshot,
@@ -44,6 +47,10 @@ class StateSource(Protocol):
         """Published worker states by id, and the gateway's health view by id (may be empty)."""
         ...
 
+    async def modes(self) -> dict[str, WorkerMode]:
+        """The workers' drafter-free gear records by id (read with, or after, ``states``)."""
+        ...
+
 
 class StoreStates:
     """Worker states straight from the shared store (Redis)."""
@@ -54,14 +61,23 @@ class StoreStates:
     async def states(self) -> tuple[dict[str, WorkerState], dict[str, bool]]:
         return await self._store.worker_states(), {}
 
+    async def modes(self) -> dict[str, WorkerMode]:
+        return await read_modes(self._store)
+
 
 class GatewayAdminStates:
     """Worker states and health through the gateway's ``GET /admin/v1/workers`` (admin key)."""
 
     def __init__(self, client: httpx.AsyncClient, gateway_url: str, admin_key: str) -> None:
         self._client, self._url, self._key = client, gateway_url.rstrip("/"), admin_key
+        self._modes: dict[str, WorkerMode] = {}
+
+    async def modes(self) -> dict[str, WorkerMode]:
+        """The records the last ``states`` call read (the same admin response carries them)."""
+        return self._modes
 
     async def states(self) -> tuple[dict[str, WorkerState], dict[str, bool]]:
+        self._modes = {}
         try:
             response = await self._client.get(
                 f"{self._url}/admin/v1/workers", headers={"authorization": f"Bearer {self._key}"}
@@ -71,6 +87,7 @@ class GatewayAdminStates:
             return {}, {}
         rows: list[dict[str, Any]] = response.json()["data"]
         states = {r["id"]: WorkerState.model_validate(r["state"]) for r in rows if r.get("state")}
+        self._modes = {r["id"]: WorkerMode.model_validate(r["mode"]) for r in rows if r.get("mode")}
         return states, {r["id"]: bool(r["healthy"]) for r in rows}
 
 
@@ -108,6 +125,7 @@ async def take_snapshot(
         _get_text(client, f"{gateway_url.rstrip('/')}/metrics"), source.states(), texts_task
     )
     at_s = now()
+    modes = await source.modes()
     workers = {
         w.id: WorkerSample(
             worker_id=w.id,
@@ -115,6 +133,7 @@ async def take_snapshot(
             scrape=_parse(text, at_s=at_s, model=w.model),
             state=states.get(w.id),
             healthy=healthy.get(w.id),
+            mode=modes.get(w.id),
         )
         for w, text in zip(fleet.workers, texts, strict=True)
     }
@@ -134,14 +153,22 @@ def _ms(seconds: float | None, fmt: str) -> str:
 def _k(row: WorkerRow) -> str:
     desired, applied = _num(row.k_desired, "d"), _num(row.k_applied, "d")
     mark = "" if row.k_desired is None or row.k_desired == row.k_applied else " [yellow]≠[/]"
-    return f"{desired}/{applied}{mark}"
+    free = " [cyan]free[/]" if row.drafter_free else ""
+    return f"{desired}/{applied}{mark}{free}"
 
 
 WIDE_COLUMNS = 120
 """Terminal width from which the last decision is a column of the workers table; a narrower terminal gets the
 decisions below the table, one line per worker. Either way a decision is cut to fit (an ellipsis marks it):
 ``gearshift controller explain`` prints it whole."""
-_COLOURS = {"ok": "green", "down": "red", "unhealthy": "red", "stale": "yellow"}
+_COLOURS = {
+    "ok": "green",
+    "down": "red",
+    "unhealthy": "red",
+    "stale": "yellow",
+    "draining": "cyan",
+    "restarting": "cyan",
+}
 _WORKER_COLUMNS: tuple[tuple[str, JustifyMethod], ...] = (
     ("worker", "left"), ("model", "left"), ("k des/app", "right"), ("acc len", "right"), ("run/wait", "right"),
     ("KV", "right"), ("tok/s", "right"), ("$/Mtok", "right"), ("status", "left"),
@@ -188,7 +215,7 @@ def workers_table(rows: list[WorkerRow], *, width: int) -> RenderableType:
     decisions.add_column(no_wrap=True, overflow="ellipsis", ratio=1)
     for r in rows:
         table.add_row(*_cells(r, pool=False))
-        decisions.add_row(r.worker_id, f"[{r.pool}] {r.reason}" if r.pool else r.reason)
+        decisions.add_row(r.worker_id, f"{r.pool}: {r.reason}" if r.pool else r.reason)
     return Group(table, "last decisions", decisions)
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from fleet.config import FleetConfig, TenantsConfig
 from fleet.scrape import WorkerScrape, exposition_samples
 from fleet.store.protocol import WorkerState
+from fleet.worker_mode import Mode, Phase, WorkerMode
 from gateway import metrics as gm
 
 
@@ -28,6 +29,8 @@ class WorkerSample:
     state: WorkerState | None = None
     healthy: bool | None = None
     """The gateway's health view; None when unknown."""
+    mode: WorkerMode | None = None
+    """Its drafter-free gear record (``fleet.worker_mode``); None: none."""
 
 
 @dataclass(frozen=True)
@@ -64,9 +67,12 @@ class WorkerRow:
     usd_per_mtok: float | None
     reason: str
     status: str
-    """``ok``, ``down`` (no metrics), ``unhealthy`` (gateway probe failing) or ``stale`` (controller flag)."""
+    """``ok``, ``down`` (no metrics), ``unhealthy`` (gateway probe failing), ``stale`` (controller flag), or
+    ``draining``/``restarting`` (a move to or from the drafter-free gear)."""
     pool: str | None = None
     """Its pool in the fleet plan the gateway follows; None: no fresh plan places it."""
+    drafter_free: bool = False
+    """Runs without its drafter (the drafter-free gear: k = 0 with no idle-drafter tax)."""
 
 
 @dataclass(frozen=True)
@@ -138,6 +144,9 @@ def worker_row(cur: WorkerSample, prev: WorkerSample | None, seconds: float, *, 
     status = "down" if scrape is None else "unhealthy" if cur.healthy is False else "ok"
     if state is not None and state.stale:
         status = "stale"
+    mode = cur.mode
+    if mode is not None and mode.phase in (Phase.DRAINING, Phase.RESTARTING):
+        status = mode.phase.value  # out of service on purpose, whatever its metrics say
     observed_length = _accepted_length(scrape, old) if scrape is not None else None
     return WorkerRow(
         worker_id=cur.worker_id,
@@ -153,6 +162,7 @@ def worker_row(cur: WorkerSample, prev: WorkerSample | None, seconds: float, *, 
         reason=state.reason if state is not None else "",
         status=status,
         pool=pool,
+        drafter_free=mode is not None and mode.mode is Mode.DRAFTER_FREE,
     )
 
 

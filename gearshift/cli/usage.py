@@ -109,6 +109,13 @@ async def export(
     return n
 
 
+def local_gateway_url(settings: GatewaySettings | None = None) -> str:
+    """The gateway this machine runs (``GEARSHIFT_HOST`` and ``GEARSHIFT_PORT``, a wildcard host as loopback)."""
+    settings = settings or GatewaySettings(allow_dev_secrets=True)
+    host = "127.0.0.1" if settings.host in ("0.0.0.0", "") else settings.host
+    return f"http://{host}:{settings.port}"
+
+
 @usage_app.command("export")
 def export_command(
     since: Annotated[str | None, typer.Option(help="From (Unix s, ISO date-time, or -1h); default: the start.")] = None,
@@ -123,8 +130,7 @@ def export_command(
         now = datetime.now(UTC).timestamp()
         start = parse_time(since, now=now) or 0.0
         end = parse_time(until, now=now) or now + 1e-6
-        host = "127.0.0.1" if settings.host in ("0.0.0.0", "") else settings.host
-        url = gateway or f"http://{host}:{settings.port}"
+        url = gateway or local_gateway_url(settings)
         n = asyncio.run(
             export(
                 sys.stdout,

@@ -4,9 +4,11 @@ running exactly as without placement."""
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import replace
 
 import pytest
+from rich.console import Console
 
 from bench.policy.controller_lab import lab_controller, run_lab
 from controller.metrics import ControllerMetrics
@@ -23,11 +25,13 @@ from controller.policy import PolicyConfig, decide
 from controller.settings import ControllerSettings
 from controller.stabiliser import Action, ActionKind, StabiliserState
 from fleet.clock import ManualClock
-from fleet.config import TenantConfig, TenantsConfig, TierConfig
+from fleet.config import CommonSettings, TenantConfig, TenantsConfig, TierConfig
 from fleet.perf import Profile
 from fleet.plan import FleetPlan, PoolPlan, publish_plan, read_plans
 from fleet.store.memory import MemoryStore
 from fleet.store.protocol import UsageRecord
+from fleet.store.redis import RedisStore
+from gearshift.cli.explain_plan import plans_view, stored_plans
 from workers.sim.arrivals import Lengths, Phase, PhasedLoad, WorkloadMix
 from workers.sim.virtual import VirtualLab, VirtualWorker, make_worker
 
@@ -256,3 +260,33 @@ async def test_with_one_class_the_controller_runs_as_without_placement(lab_profi
     assert traces[0] == traces[1]
     assert [len(p[MODEL].pools) for p in plans[:1]] == [1], "the planner ran and kept one pool"
     assert plans[1] == {}
+
+
+# ------------------------------------------------------------------------------------------------ explain
+@pytest.mark.redis
+async def test_explain_shows_the_stored_plan_its_acceptance_and_why(redis_url: str) -> None:
+    prefix = f"test:{uuid.uuid4().hex[:12]}:"
+    store = RedisStore.from_url(redis_url, prefix=prefix)
+    plan = FleetPlan(
+        model=MODEL, version=4, issued_at=NOW, ttl_s=30.0, reason="split: batch maths off the chat workers",
+        pools=[PoolPlan(name="fast", classes=["interactive/chat"], workers=["w0"], k=6),
+               PoolPlan(name="bulk", classes=["batch/maths"], workers=["w1"], k=1, max_concurrency=48)],
+        predicted={"goodput_tok_s": 1234.0, "tpot_s/fast/interactive/chat": 0.031, "batch/fast": 3.5,
+                   "accepted_length/interactive/chat": 2.75, "accepted_length_sd/interactive/chat": 0.08},
+    )  # fmt: skip
+    await publish_plan(store, plan)
+    await store.close()
+    plans = await stored_plans(CommonSettings(redis_url=redis_url, key_prefix=prefix))
+    assert plans == {MODEL: plan}
+
+    def text(now: float, shown: dict[str, FleetPlan] = plans) -> str:
+        console = Console(width=160, record=True, color_system=None)
+        console.print(plans_view(shown, now=now))
+        return console.export_text()
+
+    fresh = text(NOW + 5)
+    for expected in ("version 4", "fresh", "fast", "w0", "interactive/chat", "48", "31.0 ms", "2.75", "8%",
+                     "1234 tok/s", "why: split: batch maths off the chat workers"):  # fmt: skip
+        assert expected in fresh, expected
+    assert "STALE" in text(NOW + 31)
+    assert "none in the store" in text(NOW, {})

@@ -23,6 +23,7 @@ from aiohttp import web
 
 from bench.procs import free_port
 from controller.app import ControllerComponent
+from controller.placement import PlacementConfig
 from controller.settings import ControllerSettings
 from controller.stabiliser import StabiliserConfig
 from fleet.clock import SystemClock
@@ -125,6 +126,7 @@ async def running_stack(tmp_path: Path) -> AsyncIterator[Stack]:
             **common, tick_s=0.5, tenant_interval_s=2.0, leader_lease_s=2.0, schedule_lease_s=5.0, state_ttl_s=5.0,
             metrics_port=controller_port, metrics_host="127.0.0.1",
             stabiliser=StabiliserConfig(min_dwell_s=1.0, probe_interval_s=3.0, probe_s=1.0, up_ticks=1, down_ticks=1),
+            placement=PlacementConfig(period_s=1.0, min_dwell_s=0.0),
         ),
         store=store, clock=clock,
     )  # fmt: skip

@@ -224,3 +224,26 @@ def test_no_row_wraps_and_decisions_are_cut_to_the_terminal_width(width: int) ->
     assert decision.rstrip(" │").endswith("…"), "a decision longer than the terminal is cut with an ellipsis"
     continued = [line for line in lines if "threshold" in line or "TPOT 41 ms" in line]
     assert continued in ([], [decision]), "the decision takes one line"
+
+
+@pytest.mark.parametrize("width", [80, 200])
+def test_each_workers_pool_comes_from_the_gateway_and_shows_at_any_width(width: int) -> None:
+    fleet = FleetConfig.model_validate(
+        {"models": [{"name": "kimi-k3"}], "workers": [{"id": f"sim-{i}", "url": "http://a:1", "model": "kimi-k3"}
+                                                      for i in range(2)]}
+    )  # fmt: skip
+    metrics = GatewayMetrics()
+    metrics.worker_pool.labels(worker="sim-0", pool="fast").set(1)
+    gateway = parse_gateway(generate_latest(metrics.registry).decode())
+    assert gateway.pools == {"sim-0": "fast"}
+    state = WorkerState(worker_id="sim-0", model="kimi-k3", k_desired=6, k_applied=6, accepted_length=3.0, reason="ok")
+    snap = [Snapshot(t, {"sim-0": WorkerSample("sim-0", "kimi-k3", None, state)}, gateway) for t in (0.0, 2.0)]
+    assert [r.pool for r in worker_rows(snap[0], snap[1], fleet)] == ["fast", None]
+    console = Console(width=width, record=True, color_system=None)
+    console.print(render(snap[0], snap[1], fleet, load_tenants()))
+    lines = console.export_text().splitlines()
+    (row,) = [line for line in lines if "6/6" in line]
+    if width >= 120:
+        assert "fast" in row, "a column of the workers table"
+    else:
+        assert "sim-0  fast: ok" in [line.rstrip() for line in lines], "before its decision"

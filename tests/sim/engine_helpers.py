@@ -20,6 +20,7 @@ def make_engine(
     kv_capacity_tokens: int | None = None,
     max_num_batched_tokens: int | None = None,
     clock: ManualClock | None = None,
+    drafter_loaded: bool = True,
 ) -> EngineCore:
     control = SpeculationControl(
         worker_id="w0",
@@ -37,6 +38,7 @@ def make_engine(
         seed=seed,
         kv_capacity_tokens=kv_capacity_tokens,
         max_num_batched_tokens=max_num_batched_tokens,
+        drafter_loaded=drafter_loaded,
     )
 
 

@@ -81,7 +81,10 @@ def test_the_cap_still_binds_and_cap_zero_turns_the_drafter_off() -> None:
     assert capped.stats.num_draft_tokens <= 2 * capped.stats.num_drafts
     off, _ = _run(4, k=0, adaptive=True)
     assert off.stats.num_drafts == 0
-    assert off.stats.drafter_s == 0.0
+    tax = MI355X.drafter.k0_tax
+    assert tax is not None
+    # no drafter pass at cap 0: only the idle-drafter tax of a worker started with its drafter
+    assert 0 < off.stats.drafter_s <= tax.at_high_batch * off.stats.target_s
 
 
 def test_same_seed_same_run() -> None:

@@ -9,7 +9,7 @@ import pytest
 from fleet.clock import ManualClock
 from fleet.speculation import SpeculationUpdate
 
-from .engine_helpers import make_engine, req, run_to_completion, step
+from .engine_helpers import PROFILE, make_engine, req, run_to_completion, step
 
 
 def test_running_batch_is_capped_at_max_num_seqs() -> None:
@@ -112,7 +112,7 @@ def test_k_is_looked_up_by_decode_batch_size(streams: int, expected_k: int) -> N
 
 
 def test_k_zero_means_no_drafts_and_one_token_per_step() -> None:
-    engine = make_engine(schedule=((1, 256, 0),))
+    engine = make_engine(schedule=((1, 256, 0),), drafter_loaded=False)
     engine.add(req("r", max_tokens=30))
     outcomes, received = run_to_completion(engine)
     st = engine.stats
@@ -120,6 +120,22 @@ def test_k_zero_means_no_drafts_and_one_token_per_step() -> None:
     assert all(n == 1 for o in outcomes for n in o.emitted.values())
     assert received == {"r": 30}
     assert all(o.drafter_s == 0.0 for o in outcomes)
+
+
+def test_k_zero_with_the_drafter_loaded_pays_the_idle_drafter_tax_and_drafter_free_never_drafts() -> None:
+    tax = PROFILE.drafter.k0_tax
+    assert tax is not None
+    loaded = make_engine(schedule=((1, 256, 0),))
+    loaded.add(req("r", max_tokens=30))
+    outcomes, _ = run_to_completion(loaded)
+    decode = [o for o in outcomes if o.decode_seqs]
+    assert decode
+    assert all(o.drafter_s == pytest.approx(o.target_s * tax.fraction(o.decode_seqs)) for o in decode)
+    free = make_engine(schedule=((1, 256, 4),), drafter_loaded=False)  # a schedule cannot make it speculate
+    free.add(req("r", max_tokens=30))
+    outcomes, _ = run_to_completion(free)
+    assert free.stats.num_drafts == 0
+    assert all(o.k == 0 and o.drafter_s == 0.0 for o in outcomes)
 
 
 def test_speculation_counters_are_consistent() -> None:

@@ -131,7 +131,9 @@ def test_chunks_have_vllms_shapes(speculating_url: str, http: httpx.Client) -> N
     assert set(middle) == {"index", "delta", "logprobs", "finish_reason", "token_ids"}
     assert set(middle["delta"]) == {"content"}
     assert set(final) == {"index", "delta", "logprobs", "finish_reason", "stop_reason", "token_ids"}
-    assert set(events[-1].data["usage"]) == {"prompt_tokens", "total_tokens", "completion_tokens"}
+    usage = events[-1].data["usage"]  # with --enable-prompt-tokens-details, as the launcher starts vLLM
+    assert set(usage) == {"prompt_tokens", "total_tokens", "completion_tokens", "prompt_tokens_details"}
+    assert set(usage["prompt_tokens_details"]) == {"cached_tokens"}
     path, request = body("completions", max_tokens=12)
     text_choice = stream_events(http, speculating_url + path, request)[0].data["choices"][0]
     assert set(text_choice) == {

@@ -31,9 +31,14 @@ PROFILE = load_profile("kimi-k3-dspark-tp16")
 SHORT = WorkloadMix.single("chat", Lengths(200), Lengths(40))
 
 
-def lab_of(n_workers: int, load: ArrivalProcess, *, k: int = 4, seed: int = 3, **kwargs: Any) -> VirtualLab:
+def lab_of(
+    n_workers: int, load: ArrivalProcess, *, k: int = 4, seed: int = 3, drafter_loaded: bool = True, **kwargs: Any
+) -> VirtualLab:
     clock = ManualClock()
-    workers = [make_worker(PROFILE, f"w{i}", clock, k=k, seed=seed + i) for i in range(n_workers)]
+    workers = [
+        make_worker(PROFILE, f"w{i}", clock, k=k, seed=seed + i, drafter_loaded=drafter_loaded)
+        for i in range(n_workers)
+    ]
     return VirtualLab(workers, load, clock=clock, seed=seed, **kwargs)
 
 
@@ -98,7 +103,7 @@ def test_a_request_arriving_mid_step_joins_the_next_step() -> None:
 
 def test_single_stream_tpot_is_the_mean_decode_step() -> None:
     mix = WorkloadMix.single("maths", Lengths(100), Lengths(30))
-    records = lab_of(1, closed_loop(1, mix), k=0).run(0.5)
+    records = lab_of(1, closed_loop(1, mix), k=0, drafter_loaded=False).run(0.5)
     req = records.finished()[0]
     decode = [s for s in records.steps if req.first_token_s < s.end_s <= req.finish_s]
     assert len(decode) == req.output_tokens - 1 == 29

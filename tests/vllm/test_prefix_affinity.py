@@ -41,6 +41,10 @@ CPU_PREFIX_ARGS = ("--enable-prefix-caching", "--block-size", "32")
 """vLLM's CPU backend defaults to 128-token blocks; 32 gives the tiny model's short prompts several."""
 
 
+def _finish(server: Iterator[RunningServer]) -> None:
+    next(server, None)
+
+
 @pytest.fixture(scope="module")
 def workers(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[WorkerConfig]]:
     """Two CPU vLLM workers with prefix caching, started side by side."""
@@ -65,7 +69,7 @@ def workers(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> I
     threads = [threading.Thread(target=enter, args=(s,)) for s in servers]
     with ExitStack() as stack:
         for s in servers:
-            stack.callback(lambda s=s: next(s, None))  # runs the generator's cleanup: stops the server
+            stack.callback(_finish, s)  # runs the generator's cleanup: stops the server
         for t in threads:
             t.start()
         for t in threads:

@@ -11,7 +11,9 @@ One step, as vLLM V1 schedules it:
    chunked to the step's token budget. When KV blocks run out, the lowest-ranked running request (the last
    admitted under FCFS; the largest ``(priority, arrival)`` under priority) is preempted: its KV is freed and it
    goes back to the waiting queue to recompute its prompt and the tokens it had generated.
-3. If nothing was preempted, waiting requests are admitted while batch slots, budget and KV blocks last.
+3. If nothing was preempted, waiting requests are admitted while batch slots, budget and KV blocks last. With
+   prefix caching (``workers.sim.prefix_cache``) a request admitted afresh starts on the cached blocks of its
+   prompt's beginning, which it does not prefill again.
 4. Step time comes from ``fleet.perf.step_time``; each decoding request's drafts are accepted position by
    position with the profile's conditional probabilities at its current context length (seeded RNG).
    With adaptive verification on (``workers.sim.adaptive``), k is the cap: every decoding request drafts k

@@ -89,7 +89,7 @@ def _tail(path: Path, lines: int = 40) -> str:
         return "(no log)"
 
 
-def _wait_healthy(url: str, proc: subprocess.Popen[bytes], *, timeout_s: float, log_path: Path) -> None:
+def wait_healthy(url: str, proc: subprocess.Popen[bytes], *, timeout_s: float, log_path: Path) -> None:
     deadline = time.monotonic() + timeout_s
     with httpx.Client(timeout=2.0) as client:
         while time.monotonic() < deadline:
@@ -104,7 +104,7 @@ def _wait_healthy(url: str, proc: subprocess.Popen[bytes], *, timeout_s: float, 
     raise ServerStartError(f"vLLM was not healthy after {timeout_s:.0f} s:\n{_tail(log_path)}")
 
 
-def _stop(proc: subprocess.Popen[bytes], *, timeout_s: float) -> None:
+def stop_group(proc: subprocess.Popen[bytes], *, timeout_s: float) -> None:
     """SIGTERM the server's process group (API server, EngineCore, worker), then SIGKILL what is left."""
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGTERM)
@@ -136,7 +136,7 @@ def running_server(
             list(plan.argv), stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT, start_new_session=True
         )
     try:
-        _wait_healthy(url, proc, timeout_s=ready_timeout_s, log_path=log_path)
+        wait_healthy(url, proc, timeout_s=ready_timeout_s, log_path=log_path)
         yield RunningServer(url=url, pid=proc.pid, ready_after_s=time.monotonic() - started, log_path=log_path)
     finally:
-        _stop(proc, timeout_s=stop_timeout_s)
+        stop_group(proc, timeout_s=stop_timeout_s)

@@ -155,8 +155,11 @@ def build_launch(
     cpu: CpuOptions | None = None,
     multi_node: MultiNode | None = None,
     speculative_extra: Mapping[str, Any] | None = None,
+    drafter: bool = True,
 ) -> LaunchPlan:
-    """The vLLM command line for ``worker``. ``python`` is the interpreter for ``Entrypoint.MODULE``."""
+    """The vLLM command line for ``worker``. ``python`` is the interpreter for ``Entrypoint.MODULE``.
+    ``drafter=False`` is the drafter-free gear (issue 14): no ``--speculative-config`` (and no gear capture sizes),
+    so vLLM loads no drafter and runs k = 0 without its tax; the plugin then reports control as unavailable."""
     if worker.kind is not WorkerKind.VLLM:
         raise LaunchError(f"kind: worker {worker.id!r} is {worker.kind.value!r}, only 'vllm' workers run vLLM")
     weights = worker.weights or worker.model
@@ -171,7 +174,9 @@ def build_launch(
     argv += ["--scheduling-policy", "priority"]
     argv.append("--enable-prompt-tokens-details")  # usage carries cached prompt tokens: the gateway meters them
     env = {"VLLM_PLUGINS": PLUGIN_NAME, "GEARSHIFT_WORKER_ID": worker.id}
-    if cpu is None:
+    if not drafter:
+        pass  # vLLM's own capture sizes serve its one decode shape
+    elif cpu is None:
         plan = worker_gear_plan(worker)
         spec = speculative_config(worker, table=plan.table, extra=speculative_extra)
         argv += ["--speculative-config", json.dumps(spec)]

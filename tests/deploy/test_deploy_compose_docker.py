@@ -1,0 +1,35 @@
+"""The compose deployment built and run in Docker (scripts/compose-check.sh): heavy, run by
+scripts/heavy-tests.sh. It needs root (apt-get, dockerd, debootstrap) and Debian's mirror and PyPI; it pulls no
+image from a registry."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+
+from .deploy_contracts import ROOT
+
+pytestmark = pytest.mark.heavy
+
+
+def test_compose_stack_builds_serves_fails_over_and_tears_down() -> None:
+    assert os.geteuid() == 0, "scripts/compose-check.sh needs root"
+    done = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "compose-check.sh"), "--requests", "20"],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        check=False,
+    )
+    assert done.returncode == 0, (done.stdout + done.stderr)[-6000:]
+    start = done.stdout.index("{\n")
+    result = json.loads(done.stdout[start : done.stdout.index("\n}", start) + 2])
+    assert result["ok"], result["failures"]
+    assert result["standby_took_over_s"] is not None
+    assert result["suspension_seen_by_other_gateway_s"] <= 1.0
+    # (a dockerd the script started is stopped again: then nothing answers, and nothing runs)
+    projects = subprocess.run(["docker", "compose", "ls", "-a", "-q"], capture_output=True, text=True, check=False)
+    assert not [p for p in projects.stdout.split() if p.startswith("gearshift-check-")], "the stack was left running"
