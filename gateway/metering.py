@@ -79,6 +79,7 @@ def usage_record(
     workload: str | None = None,
     pricing: PricingConfig | None = None,
     session: str | None = None,
+    admitted_at: float | None = None,
 ) -> UsageRecord:
     """The record of one finished request (``status``: ok, error or cancelled) that kept ``worker`` busy for
     ``busy_s`` seconds; ``arrived_at`` is the clock's monotonic time of its arrival, ``now`` the monotonic time
@@ -113,6 +114,7 @@ def usage_record(
         workload=workload,
         cached_tokens=cached,
         session=session,
+        admitted_at=admitted_at,
     )
 
 

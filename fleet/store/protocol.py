@@ -136,6 +136,8 @@ class UsageRecord(BaseModel):
     """When the request reached the gateway, Unix seconds (a replayed trace's arrival time)."""
     tier: str | None = None
     """The tenant's tier when the request was served."""
+    admitted_at: float | None = None
+    """When admission reserved its limits, Unix seconds (None for a tenant without limits)."""
     workload: str | None = None
     """The request's workload hint (``x-gearshift-workload`` or the tenant's default), when it had one."""
     cached_tokens: int = 0

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import tempfile
 from pathlib import Path
 from typing import Annotated
+from urllib.parse import urlsplit
 
 import typer
 
 from bench.procs import free_port
-from fleet.config import CommonSettings, ConfigError, load_fleet
+from fleet.config import CommonSettings, ConfigError, WorkerConfig, load_fleet
 from workers.vllm.cpu_server import (
     TINY_K_MAX,
     ServerStartError,
@@ -20,7 +22,7 @@ from workers.vllm.cpu_server import (
     tiny_plan,
     tiny_worker,
 )
-from workers.vllm.launcher import CpuOptions, Entrypoint, LaunchError, MultiNode, build_launch
+from workers.vllm.launcher import CpuOptions, Entrypoint, LaunchError, LaunchPlan, MultiNode, bind_host, build_launch
 from workers.vllm.measure import (
     format_table,
     format_tax_table,
@@ -29,6 +31,7 @@ from workers.vllm.measure import (
     sweep,
     without_speculation,
 )
+from workers.vllm.supervisor import Supervisor, serve
 
 app = typer.Typer(help="Real vLLM workers: launch one from the fleet file, or measure the CPU worker.")
 
@@ -48,10 +51,19 @@ def vllm_command(
     nnodes: Annotated[int, typer.Option("--nnodes", min=1, help="Nodes the engine spans.")] = 1,
     node_rank: Annotated[int, typer.Option("--node-rank", min=0, help="This node's rank (0 serves HTTP).")] = 0,
     master_addr: Annotated[str, typer.Option("--master-addr", help="Address of node 0.")] = "127.0.0.1",
+    supervise: Annotated[
+        bool,
+        typer.Option(
+            "--supervise",
+            help="Run vLLM under a supervisor that restarts it with or without its drafter (the drafter-free gear) "
+            "when the controller asks, on the fleet entry's restart_url.",
+        ),
+    ] = False,
 ) -> None:
     """Print (--dry-run) or exec the vLLM server command of one fleet worker, plugin enabled."""
     try:
-        fleet = load_fleet(fleet_file or CommonSettings().fleet_file)
+        common = CommonSettings()
+        fleet = load_fleet(fleet_file or common.fleet_file)
         worker = fleet.worker(worker_id)
         if worker is None:
             raise LaunchError(f"--worker-id: no worker {worker_id!r}; known: {[w.id for w in fleet.workers]}")
@@ -68,7 +80,38 @@ def vllm_command(
     if dry_run:
         typer.echo(plan.shell())
         return
+    if supervise:
+        _supervise(worker, common, module=module, python=python, cpu=cpu)
+        return
     os.execvpe(plan.argv[0], list(plan.argv), {**os.environ, **plan.env})
+
+
+def _supervise(worker: WorkerConfig, common: CommonSettings, *, module: bool, python: str, cpu: bool) -> None:
+    """vLLM under ``workers.vllm.supervisor`` until SIGINT/SIGTERM; its restart control on ``restart_url``."""
+    if worker.restart_url is None:
+        typer.echo(f"error: --supervise: worker {worker.id!r} has no restart_url in the fleet file", err=True)
+        raise typer.Exit(2)
+
+    def plan_for(drafter: bool) -> LaunchPlan:
+        entrypoint = Entrypoint.MODULE if module else Entrypoint.CLI
+        return build_launch(
+            worker, entrypoint=entrypoint, python=python, cpu=CpuOptions() if cpu else None, drafter=drafter
+        )
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        parts = urlsplit(worker.restart_url or "")
+        with tempfile.TemporaryDirectory(prefix=f"gearshift-{worker.id}-") as logs:
+            supervisor = Supervisor(plan_for, url=worker.url.rstrip("/"), log_dir=Path(logs))
+            await serve(
+                supervisor, host=bind_host(worker.restart_url or ""), port=parts.port or 80,
+                control_token=common.control_token.get_secret_value(), stop=stop,
+            )  # fmt: skip
+
+    asyncio.run(run())
 
 
 @app.command("measure")

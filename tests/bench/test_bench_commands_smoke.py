@@ -45,7 +45,7 @@ def test_bench_policies_smoke(tmp_path: Path) -> None:
     md = (tmp_path / "policies.md").read_text()
     tp16, mi355x = "kimi-k3-dspark-tp16", "kimi-k3-dspark-mi355x-tp8"
     header, rows = parse_table(md, f"### Goodput table — {tp16}")
-    assert header == ["scenario", "k=0", "k=1", "k=2", "k=4", "k=7", "vllm-table", "gate", "gearshift", "adaptive",
+    assert header == ["scenario", "k=0", "k=1", "k=2", "k=4", "k=7", "vllm-table", "gate", "no-drafter", "gearshift", "adaptive",
                       "gearshift+adaptive", "oracle"]  # fmt: skip
     assert [r[0] for r in rows] == ["phase-shift"], "the MI355X-only sweep is not run on tp16"
     _, rows = parse_table(md, f"### Goodput table — {mi355x}")

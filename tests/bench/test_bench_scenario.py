@@ -15,12 +15,14 @@ from fleet.perf import load_profile
 from workers.sim.arrivals import Lengths
 
 BUILT_IN = {
+    "agentic-bursts-4w",
     "agentic-coding",
     "bursts",
     "concurrency-sweep",
     "long-context-mix",
     "mixed-tiers",
     "phase-shift",
+    "prompt-bursts-mixed",
     "poisson-load",
     "random-sweep-mi355x",
     "step-load",
@@ -41,6 +43,10 @@ def test_built_in_scenarios_load_and_cover_the_issue() -> None:
     assert tiers == {"interactive", "batch"}
     assert scenarios["mixed-tiers"].tiers["interactive"].tpot_target_s is not None
     assert scenarios["mixed-tiers"].tiers["batch"].tpot_target_s is None
+    for name in ("agentic-coding", "agentic-bursts-4w", "prompt-bursts-mixed"):  # long-prompt bursts (issue 12)
+        (phase,) = scenarios[name].phases
+        assert phase.arrival.kind == "burst", name
+        assert max(c.prompt_tokens.mean for c in phase.mix) >= 8192, name
 
 
 def _write(tmp_path: Path, name: str, body: str) -> Path:
