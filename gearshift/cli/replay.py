@@ -132,31 +132,71 @@ def replay_speed(
     duration: Annotated[float, typer.Option(min=1.0, help="Trace length, seconds.")] = 3600.0,
     rate: Annotated[float, typer.Option(min=0.01, help="Arrivals per second.")] = 50.0,
     workers: Annotated[int, typer.Option(min=1, help="Workers in the fleet.")] = 4,
-    policy: Annotated[str, typer.Option(help="A lab policy (gearshift, adaptive, …) or k=N.")] = "gearshift",
+    policy: Annotated[list[str] | None, typer.Option(help="Lab policies or k=N (repeatable).")] = None,
     day_rate: Annotated[
-        float | None, typer.Option(help="Also estimate a full report on a day at this rate (req/s) from the run.")
+        float, typer.Option(help="Project a day at this rate (req/s) from the measured speed.")
     ] = 100.0,
+    out: Annotated[Path, typer.Option(help="Directory for replay-speed.md.")] = DEFAULT_OUT,
 ) -> None:
-    """How fast the lab replays a synthetic trace: simulated seconds per wall second (reading included)."""
+    """How fast the lab replays a synthetic trace: simulated seconds per wall second (reading included), per
+    policy, and the projected wall time of one policy and of the full report on a day at ``--day-rate``."""
+    import os
+
+    from bench.markdown import table
     from bench.replay.run import replay_policies
     from bench.replay.speed import measure
     from fleet.perf import load_profile
 
     console = Console(stderr=True)
-    console.print(f"replaying {duration:g} s at {rate:g} req/s on {workers} workers under {policy} …")
-    r = measure(duration_s=duration, rate_per_s=rate, workers=workers, policy=policy)
-    print(
-        f"{r.requests} requests, {r.simulated_s:.0f} simulated s: read {r.read_s:.1f} s + replay {r.run_s:.1f} s wall"
+    names = policy or ["gearshift", "k=7"]
+    load = os.getloadavg()
+    rows: list[list[object]] = []
+    per_policy_day: dict[str, float] = {}
+    for name in names:
+        console.print(f"replaying {duration:g} s at {rate:g} req/s on {workers} workers under {name} …")
+        r = measure(duration_s=duration, rate_per_s=rate, workers=workers, policy=name)
+        day = 86400.0 * (day_rate / rate) / r.ratio
+        per_policy_day[name] = day
+        rows.append([name, r.requests, r.simulated_s, r.read_s, r.run_s, r.ratio, day / 60])
+        console.print(f"  {r.ratio:.1f} simulated s per wall s; a day at {day_rate:g} req/s ≈ {day / 60:.0f} min")
+    policies = len(replay_policies(load_profile("kimi-k3-dspark-tp16"))) + 1
+    slowest = max(per_policy_day.values())
+    command = "gearshift bench " + " ".join(shlex.quote(a) for a in sys.argv[2:])
+    text = "\n".join(
+        [
+            "# Replay speed",
+            "",
+            f"Command: `{command}` (load average at the start: {load[0]:.1f}, {load[1]:.1f}, {load[2]:.1f} "
+            f"on {os.cpu_count()} cores).",
+            "",
+            f"A synthetic Poisson trace of {duration:g} s at {rate:g} req/s (half interactive chat, half batch "
+            f"maths; prompts 256–768, outputs 32–96 tokens) written to a file, read back and replayed on {workers} "
+            "workers of the default profile. Wall time includes reading the trace and computing the metrics.",
+            "",
+            table(
+                [
+                    "policy",
+                    "requests",
+                    "simulated s",
+                    "read s",
+                    "replay s",
+                    "sim s / wall s",
+                    f"day at {day_rate:g} req/s, min",
+                ],
+                rows,
+            ),
+            "",
+            f"**A day at {day_rate:g} req/s** is projected, not measured: the same request shape at "
+            f"{day_rate / rate:g}× the rate on {day_rate / rate:g}× the workers costs that much more wall time per "
+            f"simulated second (the lab's work is linear in requests and engine steps). One policy: up to "
+            f"{slowest / 60:.0f} min; the full report of {policies} policies on 2 processes: about "
+            f"{policies * slowest / 120:.0f} min. Target (issue 17): one policy in under 15 min.",
+            "",
+        ]
     )
-    print(f"replay speed: {r.ratio:.1f} simulated s per wall s ({r.requests / (r.read_s + r.run_s):.0f} requests/s)")
-    if day_rate:
-        per_policy = 86400.0 * (day_rate / rate) / r.ratio
-        policies = len(replay_policies(load_profile("kimi-k3-dspark-tp16"))) + 1
-        print(
-            f"estimate for a day at {day_rate:g} req/s (same request shape, workers scaled ×{day_rate / rate:g}): "
-            f"{per_policy / 60:.0f} min per policy, {policies * per_policy / 120:.0f} min for the full report "
-            f"of {policies} policies on 2 processes (linear in requests; not measured)"
-        )
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "replay-speed.md").write_text(text)
+    console.print(f"wrote {out / 'replay-speed.md'}")
 
 
 def replay_check(

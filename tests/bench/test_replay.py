@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
 from bench.policy.lab import run_policy
 from bench.policy.policies import StaticSchedule
@@ -20,6 +21,7 @@ from bench.replay.trace import TraceError, TraceRequest, detect, read_trace, reb
 from fleet.config import ConfigError
 from fleet.perf import conditional_acceptance, expected_tokens_per_step, load_profile
 from fleet.store.protocol import WorkerState
+from gearshift.cli.app import app
 
 PROFILE = "kimi-k3-dspark-tp16"
 
@@ -224,3 +226,21 @@ def test_replay_runs_every_policy_and_writes_the_report(tmp_path: Path) -> None:
     assert (tmp_path / "r-k.png").stat().st_size > 0
     single = run_one(plan, StaticSchedule.plain(7), profile)
     assert single.metrics.goodput_tok_s == result.runs["k=7"].metrics.goodput_tok_s, "a replay is deterministic"
+
+
+def test_the_replay_command_writes_a_report_and_names_a_bad_row(tmp_path: Path) -> None:
+    trace = tmp_path / "t.csv"
+    trace.write_text(
+        "arrival_s,prompt_tokens,output_tokens,tier\n"
+        + "".join(f"{i * 0.9},{200 + i},{8 + i % 5},batch\n" for i in range(30))
+    )
+    out = tmp_path / "out"
+    ok = CliRunner().invoke(
+        app, ["bench", "replay", str(trace), "--workers", "1", "--processes", "1", "--out", str(out)]
+    )
+    assert ok.exit_code == 0, ok.output
+    assert "than static k=7 (the recipe default) on this trace" in (out / "replay.md").read_text()
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n1,2,3\n2,3,x\n")
+    bad = CliRunner().invoke(app, ["bench", "replay", str(trace), "--out", str(out)])
+    assert bad.exit_code == 2
+    assert f"{trace}:3: output_tokens: not a number" in bad.output.replace("\n", "")
