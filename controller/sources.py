@@ -20,7 +20,7 @@ import httpx
 
 from fleet.clock import Clock
 from fleet.config import WorkerConfig
-from fleet.scrape import Sample, WorkerScrape, parse_worker_metrics, scrape_from_samples
+from fleet.scrape import Sample, WorkerScrape, exposition_samples, parse_worker_metrics, scrape_from_samples
 
 
 class SourceError(RuntimeError):
@@ -94,28 +94,9 @@ class PrometheusSource:
         return scrape_from_samples(samples, at_s=self._clock.monotonic(), model=worker.model)
 
 
-class RenderSource:
-    """Reads exposition text from a function per worker id (in-process simulated workers, virtual time)."""
-
-    def __init__(self, renderers: Mapping[str, Callable[[], bytes | str]], *, clock: Clock) -> None:
-        self._renderers = renderers
-        self._clock = clock
-
-    async def scrape(self, worker: WorkerConfig) -> WorkerScrape:
-        render = self._renderers.get(worker.id)
-        if render is None:
-            raise SourceError(f"worker {worker.id}: no renderer")
-        try:
-            raw = render()
-        except Exception as exc:  # a broken in-process worker is a stale worker, not a dead controller
-            raise SourceError(f"worker {worker.id}: render failed: {exc!r}") from exc
-        text = raw.decode() if isinstance(raw, bytes) else raw
-        return parse_worker_metrics(text, at_s=self._clock.monotonic(), model=worker.model)
-
-
 class SampleSource:
-    """Reads samples ``(name, labels, value)`` from a function per worker id: what ``RenderSource`` reads from
-    the exposition text, without the text (in-process simulated workers in virtual time)."""
+    """Reads samples ``(name, labels, value)`` from a function per worker id (in-process simulated workers in
+    virtual time: the families of their exposition text, without the text)."""
 
     def __init__(self, collectors: Mapping[str, Callable[[], Iterable[Sample]]], *, clock: Clock) -> None:
         self._collectors = collectors
@@ -124,9 +105,24 @@ class SampleSource:
     async def scrape(self, worker: WorkerConfig) -> WorkerScrape:
         collect = self._collectors.get(worker.id)
         if collect is None:
-            raise SourceError(f"worker {worker.id}: no sample collector")
+            raise SourceError(f"worker {worker.id}: no metrics function")
         try:
             samples = list(collect())
         except Exception as exc:  # a broken in-process worker is a stale worker, not a dead controller
-            raise SourceError(f"worker {worker.id}: collect failed: {exc!r}") from exc
+            raise SourceError(f"worker {worker.id}: reading its metrics failed: {exc!r}") from exc
         return scrape_from_samples(samples, at_s=self._clock.monotonic(), model=worker.model)
+
+
+class RenderSource(SampleSource):
+    """Reads exposition text from a function per worker id and parses it (tests of the text path)."""
+
+    def __init__(self, renderers: Mapping[str, Callable[[], bytes | str]], *, clock: Clock) -> None:
+        super().__init__({wid: _parsed(render) for wid, render in renderers.items()}, clock=clock)
+
+
+def _parsed(render: Callable[[], bytes | str]) -> Callable[[], Iterable[Sample]]:
+    def samples() -> Iterable[Sample]:
+        raw = render()
+        return exposition_samples(raw.decode() if isinstance(raw, bytes) else raw)
+
+    return samples
