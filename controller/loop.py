@@ -41,6 +41,7 @@ from fleet.speculation import (
     check_full_speed,
 )
 from fleet.store.protocol import Store, UsageRecord, WorkerState
+from fleet.tenants import read_merged
 from fleet.worker_mode import Phase
 
 log = logging.getLogger("gearshift.controller")
@@ -84,6 +85,9 @@ class WorkerRuntime:
     k_applied: int | None = None
     schedule_applied: Schedule | None = None
     """The worker's applied schedule, as its last GET, PUT or scrape showed it."""
+    lapsed: bool = False
+    """The worker's last GET showed a version without a lease: it fell back to its start-up schedule, so the
+    applied version names a schedule it no longer runs and the next PUT needs a new version."""
     full_speed: FullSpeed | None = None
     """What the worker advertises it runs at full speed (``SpeculationState.full_speed``), read with its version
     on the first GET and again after it restarts; None: every k at every batch size."""
@@ -161,7 +165,9 @@ class Controller:
             self.workers[w.id] = WorkerRuntime(
                 w, profile, est, tpot_target(w.model, tenants), now, ttft_target_s=ttft_target(w.model, tenants)
             )
+        self.tenants_file = tenants
         self.tenants = tenants
+        """The tenants in force: the file merged with the store's run-time changes, re-read every tick."""
         self._attributed_until = clock.wall()
         self.canary = (
             CanaryGate(settings.canary_worker, settings.canary_ticks) if settings.canary_worker is not None else None
@@ -176,6 +182,11 @@ class Controller:
     async def tick(self) -> None:
         """One pass over every worker (concurrently); a worker's failure never stops the others."""
         with self.metrics.tick_duration.time():
+            try:
+                await self.refresh_tenants()
+            except Exception as exc:  # a store hiccup: the tenants last read stay in force
+                self.metrics.tick_failures.inc()
+                log.warning("reading the run-time tenants failed: %r", exc)
             results = await asyncio.gather(
                 *(self._tick_worker(rt) for rt in self.workers.values()), return_exceptions=True
             )
@@ -204,6 +215,19 @@ class Controller:
                     raise res
                 self.metrics.tick_failures.inc()
                 log.warning("worker %s: tick failed: %r", rt.config.id, res)
+
+    async def refresh_tenants(self) -> None:
+        """Put in force the tenants file merged with the run-time changes in the store (``fleet.tenants``): a tenant
+        created or re-tiered through the admin API moves its model's TPOT/TTFT targets from this tick on."""
+        tenants = (await read_merged(self.tenants_file, self.store)).tenants
+        if tenants == self.tenants:
+            return
+        self.tenants = tenants
+        for rt in self.workers.values():
+            rt.tpot_target_s = tpot_target(rt.config.model, tenants)
+            rt.ttft_target_s = ttft_target(rt.config.model, tenants)
+        if self.placement is not None:
+            self.placement.tenants = tenants
 
     async def _tick_worker(self, rt: WorkerRuntime) -> None:
         now = self.clock.monotonic()
@@ -335,6 +359,7 @@ class Controller:
     @staticmethod
     def _learn_state(rt: WorkerRuntime, state: SpeculationState) -> None:
         rt.version = state.version
+        rt.lapsed = state.version > 0 and state.lease_expires_at is None
         rt.k_applied = max(row[2] for row in state.schedule)
         rt.schedule_applied = tuple((lo, hi, k) for lo, hi, k in state.schedule)
 
@@ -352,7 +377,7 @@ class Controller:
         renew = rt.version > 0 and now >= rt.renew_at_s
         if not change and not renew:
             return
-        version = rt.version + 1 if change else rt.version
+        version = rt.version + 1 if change or rt.lapsed else rt.version
         reason = (rt.action.reason if rt.action is not None else "")[:500]
         lease = self.settings.schedule_lease_s
         if schedule is None:

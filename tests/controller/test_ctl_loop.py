@@ -142,6 +142,21 @@ async def test_version_conflict_is_relearned(lab_profile: Profile) -> None:
     assert sample(ctl, "gearshift_controller_actuation_failures_total", worker="w0") >= 1
 
 
+async def test_a_worker_whose_lease_lapsed_gets_a_new_version_not_a_conflict_loop(lab_profile: Profile) -> None:
+    """An earlier controller applied version 1 and died; its lease ran out and the worker fell back to its
+    start-up schedule. Renewing at version 1 would name a schedule the worker no longer runs (409 forever)."""
+    clock, vlab, workers = lab(lab_profile, 1, concurrency=2)
+    control = workers[0].control
+    control.apply(SpeculationUpdate(k=4, version=1, lease_seconds=1, reason="earlier controller"))
+    clock.advance(2)
+    assert control.expire()
+    ctl = lab_controller(workers, lab_profile, clock)
+    await run_lab(vlab, ctl, until_s=4, tick_s=2)
+    assert control.version == 2
+    assert control.lease_expires_at is not None
+    assert sample(ctl, "gearshift_controller_actuation_failures_total", worker="w0") == 0
+
+
 async def test_published_worker_state_and_cost(lab_profile: Profile) -> None:
     clock, vlab, workers = lab(lab_profile, 1, concurrency=2)
     ctl = lab_controller(workers, lab_profile, clock)
