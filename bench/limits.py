@@ -7,9 +7,11 @@ Cluster), driven concurrently, each tenant with one limit; for each limit, what 
   never above the limit by more than what was reserved but not yet settled for the requests in flight; admission
   reserves the prompt estimate + ``max_tokens`` up front, so the overshoot can only come from a prompt whose real
   count exceeds the gateway's estimate, at most ``in flight × that excess``).
-- **Concurrency**: many looping clients; from the ledger, the most requests whose ``[arrival, finish]`` overlap
-  (an upper bound of those in progress at once: it includes each request's time before admission) and whose
-  ``[first token, finish]`` overlap (a lower bound). Target: never above the limit.
+- **Concurrency**: many looping clients; from the ledger, the most requests whose ``[admitted, finish]`` overlap
+  (the requests in progress at once: from the moment admission granted the request to its finish, when its slot
+  is released; shown beside the overlap of ``[arrival, finish]``, which adds each request's time before and in
+  admission, and so also counts requests that were still waiting for the store's answer while another finished).
+  Target: never above the limit.
 - **Budget**: requests until refused; spent is the store's spend counter (billed with the ledger records) against
   the budget; bound: the requests in flight when the budget was reached, each at most the largest request cost.
 
@@ -49,7 +51,7 @@ class LimitsBenchConfig:
     rpm: int = 300
     tpm: int = 20_000
     max_concurrency: int = 8
-    budget_usd: float = 0.002
+    budget_usd: float = 0.05
     clients: int = 32
     """Concurrent clients of every experiment."""
     concurrency_s: float = 6.0
@@ -203,12 +205,12 @@ async def _measure(
     conc = await _fire(urls, "conc", n=100_000, clients=c, max_tokens=64, until=lambda: loop.time() > stop_at)
     await asyncio.sleep(1.0)
     recs = await _records(store, "conc")
-    upper = _max_overlap([(r.arrived_at or r.at, r.at) for r in recs])
+    held = _max_overlap([(r.admitted_at or r.at, r.at) for r in recs])
     lower = _max_overlap([(r.arrived_at + r.ttft_s, r.at) for r in recs if r.arrived_at and r.ttft_s is not None])
-    detail = f"{len(recs)} served; [first token, finish] overlap {lower} (lower bound)"
-    out.append(
-        LimitResult(store_name, "concurrency", config.max_concurrency, upper, 0.0, detail, sum(not r.ok for r in conc))
-    )
+    upper = _max_overlap([(r.arrived_at or r.at, r.at) for r in recs])
+    detail = f"{len(recs)} served; overlap of [first token, finish] {lower}, of [arrival, finish] {upper}"
+    refused = sum(not r.ok for r in conc)
+    out.append(LimitResult(store_name, "concurrency", config.max_concurrency, held, 0.0, detail, refused))
 
     budget = await _fire(urls, "budget", n=10_000, clients=c, max_tokens=32, until=lambda: False)
     await asyncio.sleep(1.0)
@@ -288,8 +290,9 @@ def report(result: LimitsBenchResult, config: LimitsBenchConfig, *, command: str
             f"clients alternating between them, two simulated workers (speed-up {config.speedup:g}). {load}.",
             "",
             "Admitted: RPM, the requests answered 200 (all sent within one 60 s window); TPM, the ledger's prompt + "
-            "completion tokens; concurrency, the most requests whose [arrival, finish] overlap in the ledger (an "
-            "upper bound of those in progress at once); budget, the spend counter (USD) when the clients stopped. "
+            "completion tokens; concurrency, the most requests whose [admitted, finish] overlap in the ledger (the "
+            "requests in progress at once, from the moment admission granted each to its finish); budget, the spend "
+            "counter (USD) when the clients stopped. "
             "The TPM bound is the reserved-but-unsettled excess of the requests in flight: admission reserves the "
             "prompt estimate + `max_tokens` up front, so only a prompt longer than its estimate can overshoot, by at "
             "most clients × that excess. The budget bound: the requests in flight when the budget was reached, each at "

@@ -259,7 +259,16 @@ def report(
             "the busiest worker's share and the TPOT show the price.",
             "",
             *(
-                ["## Other loads", "", "The same sessions, fewer or more of them at once:", "", _sweep_table(swept), ""]
+                [
+                    "## Other loads",
+                    "",
+                    "The same sessions, fewer or more of them at once. The load bound trades: at light load it keeps",
+                    "sessions from piling onto the workers that cached the shared beginning first (busiest share,",
+                    "TPOT); when every worker is busy it also turns away turns whose prefix would have paid.",
+                    "",
+                    _sweep_table(swept),
+                    "",
+                ]
                 if swept
                 else []
             ),

@@ -400,3 +400,71 @@ def start_redis_cluster(
         cluster.stop()
         raise
     return cluster
+
+
+@dataclass
+class RedisSentinel:
+    """A primary, its replicas and the Sentinels watching them (master name ``master``), all on loopback."""
+
+    primary: Proc
+    replicas: list[Proc]
+    sentinels: list[Proc]
+    master: str = "gearshift"
+
+    @property
+    def addresses(self) -> str:
+        """The Sentinels as ``GEARSHIFT_REDIS_SENTINELS`` takes them: ``host:port,host:port``."""
+        return ",".join(f"127.0.0.1:{s.port}" for s in self.sentinels)
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        for proc in [*self.sentinels, *self.replicas, self.primary]:
+            proc.stop(timeout_s=timeout_s)
+
+
+def _replica_synced(port: int) -> bool:
+    return b"master_link_status:up" in _redis_info(port, b"INFO replication")
+
+
+def start_redis_sentinel(
+    *, log_dir: Path, replicas: int = 1, sentinels: int = 1, down_after_ms: int = 1000, timeout_s: float = 30.0
+) -> RedisSentinel:
+    """A ``redis-server`` primary with ``replicas`` replicas (``--replicaof``) and ``sentinels`` Sentinels
+    (``redis-server <conf> --sentinel``, quorum 1, the primary judged down after ``down_after_ms``), waited for until
+    every replica is in sync and every Sentinel knows the replicas. On any failure what was started is stopped."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise ProcessFailed("redis-server is not installed (scripts/bootstrap.sh installs it)")
+    primary = start_redis(log_dir=log_dir, name="redis-primary")
+    setup = RedisSentinel(primary=primary, replicas=[], sentinels=[])
+    try:
+        for i in range(replicas):
+            node = start_redis(log_dir=log_dir, name=f"redis-replica-{i}")
+            setup.replicas.append(node)
+            if not _redis_info(node.port, f"REPLICAOF 127.0.0.1 {primary.port}".encode()).startswith(b"+OK"):
+                raise ProcessFailed(f"{node.name}: REPLICAOF refused")
+        for node in setup.replicas:
+            if not wait_until(functools.partial(_replica_synced, node.port), timeout_s=timeout_s, alive=node.alive):
+                raise ProcessFailed(f"{node.name}: not in sync with the primary within {timeout_s} s")
+        for i in range(sentinels):
+            port = free_port()
+            conf = log_dir / f"sentinel-{i}.conf"
+            conf.write_text(
+                f"port {port}\nbind 127.0.0.1\ndir {log_dir}\n"
+                f"sentinel monitor {setup.master} 127.0.0.1 {primary.port} 1\n"
+                f"sentinel down-after-milliseconds {setup.master} {down_after_ms}\n"
+                f"sentinel failover-timeout {setup.master} {max(3 * down_after_ms, 3000)}\n"
+            )
+            proc = spawn(f"redis-sentinel-{i}", [binary, str(conf), "--sentinel"], log_dir=log_dir)
+            proc.port, proc.url = port, f"redis://127.0.0.1:{port}"
+            setup.sentinels.append(proc)
+            if not wait_until(functools.partial(redis_ping, port), timeout_s=10.0, alive=proc.alive):
+                raise ProcessFailed(f"{proc.name}: did not answer PING:\n{proc.log_tail()}")
+        command = f"SENTINEL REPLICAS {setup.master}".encode()
+        for proc in setup.sentinels:
+            known = functools.partial(lambda p: _redis_info(p, command).count(b"127.0.0.1") >= replicas, proc.port)
+            if not wait_until(known, timeout_s=timeout_s, alive=proc.alive):
+                raise ProcessFailed(f"{proc.name}: did not discover the replicas within {timeout_s} s")
+    except BaseException:
+        setup.stop()
+        raise
+    return setup

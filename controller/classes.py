@@ -26,6 +26,19 @@ def unconditional(conditional: Sequence[float]) -> list[float]:
     return list(itertools.accumulate(conditional, operator.mul))
 
 
+def _error_floor(rows: Sequence[tuple[float, float, float, float]]) -> float:
+    """A lower bound on the fit's error at every weight for one pair of classes, ``rows`` = ``(a_i, drafts_i,
+    p1_i, p2_i)``: a mix ``w·p1 + (1 − w)·p2`` lies between ``p1`` and ``p2``, so each position costs at least its
+    drafts × the squared distance from ``a_i`` to that interval. Shrunk (by 1e-15 per distance and 1e-9 of the
+    total) below what the grid's errors can round to, so a pair skipped by it could never have been chosen."""
+    total = 0.0
+    for a, d, p1, p2 in rows:
+        gap = max(min(p1, p2) - a, a - max(p1, p2)) - 1e-15
+        if gap > 0:
+            total += d * gap * gap
+    return (1 - 1e-9) * total
+
+
 def fit_mix(
     profile: Profile, observed: Sequence[tuple[float, float]], context_tokens: float
 ) -> tuple[tuple[str, float], ...]:
@@ -38,12 +51,13 @@ def fit_mix(
     priors = {c: unconditional(conditional_acceptance(profile, c, context_tokens)) for c in profile.acceptance}
     best: tuple[float, tuple[tuple[str, float], ...]] | None = None
     for c1, c2 in itertools.combinations_with_replacement(sorted(priors), 2):
+        rows = [(a, d, p1, p2) for (a, d), p1, p2 in zip(observed, priors[c1], priors[c2], strict=False)]
+        if best is not None and _error_floor(rows) >= best[0]:
+            continue  # no weight can beat the best so far: the grid's errors are all at least the floor
         for step in range(_GRID + 1):
             w = step / _GRID
-            err = sum(
-                d * (a - (w * p1 + (1 - w) * p2)) ** 2
-                for (a, d), p1, p2 in zip(observed, priors[c1], priors[c2], strict=False)
-            )
+            v = 1 - w
+            err = sum([d * (a - (w * p1 + v * p2)) ** 2 for a, d, p1, p2 in rows])
             if best is None or err < best[0] - 1e-12:
                 mix = ((c1, 1.0),) if c1 == c2 else ((c1, w), (c2, 1 - w))
                 best = (err, mix)

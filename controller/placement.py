@@ -246,7 +246,8 @@ class FleetPlacement:
         self.config = config
         self._store = store
         self._clock = clock
-        self._tenants = tenants
+        self.tenants = tenants
+        """The tenants in force (the controller replaces them when they change at run time)."""
         self._metrics = metrics
         self.plans: dict[str, FleetPlan] = {}
         """The plan last published per model (or read from the store, when another leader published since)."""
@@ -269,7 +270,7 @@ class FleetPlacement:
         found = self.pool_of(worker_id, model)
         if found is None or len(found[1].pools) < 2:
             return default
-        return pool_tpot_target(found[0], self._tenants.tiers)
+        return pool_tpot_target(found[0], self.tenants.tiers)
 
     async def tick(self, samples: Sequence[WorkerSample]) -> None:
         """Plan and publish every model once ``period_s`` has passed since the last time (leader only)."""
@@ -292,7 +293,7 @@ class FleetPlacement:
         current = self.plans.get(model)
         version, since = self._since.get(model, (-1, now))
         built = planner_input(
-            model, samples, records, tenants=self._tenants, window_s=self.config.class_window_s, now=now,
+            model, samples, records, tenants=self.tenants, window_s=self.config.class_window_s, now=now,
             max_classes=self.config.max_classes, current=current, current_since=since,
         )  # fmt: skip
         if built is None:

@@ -310,6 +310,12 @@ class CommonSettings(BaseSettings):
     ``redis_cluster``, any node of the Redis Cluster."""
     redis_cluster: bool = False
     """``GEARSHIFT_REDIS_URL`` is a Redis Cluster node: use the cluster client (checked against the server at start)."""
+    redis_sentinels: str | None = None
+    """Redis Sentinel (a primary with replicas): the Sentinels as ``host:port,host:port``. The primary of
+    ``redis_sentinel_master`` is found through them and found again after a failover; ``GEARSHIFT_REDIS_URL`` still
+    names the store (its password and database apply, its host and port are not used)."""
+    redis_sentinel_master: str = "gearshift"
+    """The master name the Sentinels monitor (``sentinel monitor <name> …``)."""
     key_prefix: str = "gearshift:"
     redis_wait_replicas: Annotated[int, Field(ge=0)] = 0
     """A usage record counts as stored once this many replicas of its Redis master have it (``WAIT``); until then

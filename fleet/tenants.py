@@ -24,6 +24,7 @@ from typing import Final
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from fleet.config import TenantConfig, TenantsConfig
+from fleet.store.protocol import Store
 
 log = logging.getLogger(__name__)
 
@@ -108,3 +109,9 @@ def merge(file: TenantsConfig, changes: Mapping[str, TenantChange]) -> Merged:
             in_force[tenant_id] = change.tenant.model_copy(update={"keys": entry.keys if entry else ()})
     tenants = TenantsConfig(tiers=file.tiers, tenants=tuple(in_force.values()))
     return Merged(tenants=tenants, provenance=provenance)
+
+
+async def read_merged(file: TenantsConfig, store: Store) -> Merged:
+    """The tenants in force now: ``file`` merged (``merge``) with the changes stored in ``store``. For readers that
+    keep no copy of the documents (the controller once per tick, ``gearshift top`` per frame)."""
+    return merge(file, parse_changes(await store.docs(COLLECTION)))

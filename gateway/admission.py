@@ -43,6 +43,8 @@ class Ticket:
     budget_key: str | None
     admitted_at: float = 0.0
     """Unix seconds of the admit call (the store needs it to refund the right part of a window)."""
+    granted_at: float | None = None
+    """Unix seconds when the admit call returned admitted (None for a tenant without limits)."""
     local: bool = False
     """Admitted by the process-local fallback store during a store outage."""
     settled: bool = False
@@ -137,6 +139,7 @@ class Admitter:
             ticket.admitted_at = self._clock.wall()
             result = await self._admit(limits, ticket, release=True)
         if result.allowed:
+            ticket.granted_at = self._clock.wall()
             return ticket
         reason = reason_of(result.tripped or "")
         if reason == "budget":

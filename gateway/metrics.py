@@ -123,7 +123,7 @@ class GatewayMetrics:
         self.brownout = Gauge(BROWNOUT, "1 while the brownout caps max_tokens", registry=r)
         self.placement_routes = Counter(
             PLACEMENT_ROUTES,
-            "Requests routed under the fleet plan, by outcome (home, spill, saturated, unplanned)",
+            "Routing decisions of the placement filter, by outcome (home, spill, saturated, unplanned)",
             ["model", "outcome"],
             registry=r,
         )

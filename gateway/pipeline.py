@@ -306,6 +306,7 @@ class Call:
             workload=self.workload,
             session=self.session,
             pricing=model.pricing if (model := gw.fleet.model(self.req.model)) is not None else None,
+            admitted_at=ticket.granted_at,
         )
         gw.ledger.append(record)
         gw.metrics.finished(record, tier=self.principal.tier_name, duration_s=now - self.started)

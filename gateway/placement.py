@@ -128,13 +128,18 @@ class PlacementFilter:
             self._count(ctx, Placement.UNPLANNED)
             return list(workers)
         pool_of = {w: p for p in plan.pools for w in p.workers}
-        home = [w for w in workers if pool_of.get(w.id) is None or pool_of[w.id] in homes]
-        spill = [w for w in workers if w not in home and self._may_spill(ctx, plan, w, pool_of[w.id])]
-        for outcome, group in ((Placement.HOME, home), (Placement.SPILL, spill)):
-            open_ = [w for w in group if has_room(w, pool_of.get(w.id))]
-            if open_:
-                self._count(ctx, outcome)
-                return open_
+        home_pools = {h.name for h in homes}
+        home = [w for w in workers if (pool := pool_of.get(w.id)) is None or pool.name in home_pools]
+        open_home = [w for w in home if has_room(w, pool_of.get(w.id))]
+        if open_home:
+            self._count(ctx, Placement.HOME)
+            return open_home
+        home_ids = {w.id for w in home}
+        spill = [w for w in workers if w.id not in home_ids and self._may_spill(ctx, plan, w, pool_of[w.id])]
+        open_spill = [w for w in spill if has_room(w, pool_of[w.id])]
+        if open_spill:
+            self._count(ctx, Placement.SPILL)
+            return open_spill
         self._count(ctx, Placement.SATURATED)
         return home or spill
 

@@ -4,7 +4,8 @@ pin one worker.
 
 **Blocks.** The gateway has no tokenizer, so it hashes characters: the prompt as the worker's chat template would
 lay it out — the ``tools`` schemas first (templates render them into the system prompt), then each message's role,
-text and tool calls in order (or the completion prompt) — cut into blocks of ``block_chars`` characters, of which
+text and tool calls in order (a Responses API body's ``instructions`` and ``input`` items read as those messages;
+or the completion prompt) — cut into blocks of ``block_chars`` characters, of which
 only full blocks count, at most ``max_blocks``. Block ``i``'s hash chains the blocks before it
 (``h_i = hash((h_{i-1}, block_i))``), so equal hashes mean equal beginnings. A multi-turn conversation's next
 request repeats the previous messages, so it shares the previous request's blocks. Python's string hash is
@@ -53,6 +54,30 @@ def _message_text(message: Mapping[str, Any]) -> str:
     return f"\x1e{message.get('role', '')}\x1f{text}{calls}"
 
 
+def _responses_messages(body: Mapping[str, Any]) -> list[Any] | None:
+    """A Responses API body's ``instructions`` and ``input`` as the chat messages a worker renders them as: the
+    instructions as a system message, a string as a user message, a function call as an assistant tool call, a
+    function output as a tool message, a message item as it is. None when the body has no ``input``."""
+    items = body.get("input")
+    items = [items] if isinstance(items, str) else items
+    if not isinstance(items, list):
+        return None
+    instructions = body.get("instructions")
+    messages: list[Any] = [{"role": "system", "content": instructions}] if instructions else []
+    for item in items:
+        kind = item.get("type") if isinstance(item, dict) else None
+        if isinstance(item, str):
+            messages.append({"role": "user", "content": item})
+        elif kind == "function_call":
+            function = {"name": item.get("name"), "arguments": item.get("arguments")}
+            messages.append({"role": "assistant", "tool_calls": [{"id": item.get("call_id"), "function": function}]})
+        elif kind == "function_call_output":
+            messages.append({"role": "tool", "content": item.get("output")})
+        else:
+            messages.append(item)
+    return messages
+
+
 def prompt_text(body: Mapping[str, Any], *, chat: bool, limit: int | None = None) -> str:
     """The prompt laid out in the order the worker sees it (see the module docstring); "" when there is none. With
     ``limit``, messages past the first ``limit`` characters are left out (they cannot reach a hashed block)."""
@@ -65,6 +90,8 @@ def prompt_text(body: Mapping[str, Any], *, chat: bool, limit: int | None = None
         return ""  # a batch of prompts: no single prefix to follow
     messages = body.get("messages")
     if not isinstance(messages, list):
+        messages = _responses_messages(body)
+    if messages is None:
         return ""
     tools = body.get("tools")
     parts = [orjson.dumps(tools).decode()] if tools else []

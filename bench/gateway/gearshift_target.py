@@ -68,8 +68,11 @@ def write_config(directory: Path, *, upstream: str, pepper: str) -> tuple[Path, 
     """The bench's fleet and tenants files, as an operator would write them; returns their paths."""
     directory.mkdir(parents=True, exist_ok=True)
     fleet_path, tenants_path = directory / "bench-fleet.yaml", directory / "bench-tenants.yaml"
-    fleet_path.write_text(yaml.safe_dump(bench_fleet(upstream).model_dump(mode="json"), sort_keys=False))
-    tenants_path.write_text(yaml.safe_dump(bench_tenants(pepper).model_dump(mode="json"), sort_keys=False))
+    # Defaults left out, so the gateway of an older revision (``--baseline``) reads the same files.
+    fleet = bench_fleet(upstream).model_dump(mode="json", exclude_defaults=True)
+    fleet_path.write_text(yaml.safe_dump(fleet, sort_keys=False))
+    tenants = bench_tenants(pepper).model_dump(mode="json", exclude_defaults=True)
+    tenants_path.write_text(yaml.safe_dump(tenants, sort_keys=False))
     return fleet_path, tenants_path
 
 

@@ -37,6 +37,9 @@ P_CAP = 0.98
 """Highest conditional acceptance a scaled class may reach."""
 TARGET_LOSS = 0.05
 """Every cell's goodput loss must stay within this fraction of the unperturbed run."""
+DEFAULT_SCENARIOS = ("phase-shift", "straddle")
+"""What ``gearshift bench robustness`` runs by default: a workload shift, and a load that crosses the batch size
+where speculation stops paying, so the best k varies across phases (k_max ↔ lower k ↔ off), not only the class."""
 
 Kind = Literal["acceptance", "step", "slope", "profile"]
 

@@ -19,9 +19,10 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from bench.policy.drive import drive
 from fleet.clock import Clock
 from fleet.config import FleetConfig, TenantsConfig, TierConfig
 from fleet.perf import Profile
@@ -141,13 +142,19 @@ class GatewayRouter(Router):
         cls = traffic_class(spec.tag, spec.workload)
         if placement is not None and placement.shares is not None:
             subset = static_pool(placement, cls, workers, self._draws.random())
-            return subset[self._rank([workers[i] for i in subset], spec, RouteContext(model="", tier=tier, now=0.0))]
-        plan = placement.plan if placement is not None else None
-        ctx = RouteContext(model="", tier=tier, now=self._clock.wall(), traffic_class=cls, plan=plan)
-        return self._rank(workers, spec, ctx)
+            return subset[self._rank([workers[i] for i in subset], spec, tier)]
+        return self._rank(workers, spec, tier, cls, placement.plan if placement is not None else None)
 
-    def _rank(self, workers: Sequence[VirtualWorker], spec: RequestSpec, base: RouteContext) -> int:
-        """The index in ``workers`` of the worker the gateway's router picks (least outstanding without a pick)."""
+    def _rank(
+        self,
+        workers: Sequence[VirtualWorker],
+        spec: RequestSpec,
+        tier: TierConfig,
+        cls: TrafficClass | None = None,
+        plan: FleetPlan | None = None,
+    ) -> int:
+        """The index in ``workers`` of the worker the gateway's router picks (least outstanding without a pick),
+        routing as ``cls`` under ``plan`` (None: no class, no plan)."""
         states = self._states()
         modes = self._modes() if self._modes is not None else {}
         now_s = self._clock.monotonic()
@@ -162,8 +169,8 @@ class GatewayRouter(Router):
             )
             for w in workers
         ]
-        ctx = replace(base, model=workers[0].model_name, now=self._clock.wall())
-        decision = self._loop.run_until_complete(self._router.route(ctx, views))
+        ctx = RouteContext(model=workers[0].model_name, tier=tier, now=self._clock.wall(), traffic_class=cls, plan=plan)
+        decision = drive(self._router.route(ctx, views), self._loop)
         if decision.ranked:
             chosen = decision.ranked[0].id
             index = next(i for i, w in enumerate(workers) if w.worker_id == chosen)

@@ -31,6 +31,8 @@ Definitions (all over the measured window ``[warmup_s, duration_s)`` of the scen
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
@@ -151,10 +153,6 @@ def verdict_at(r: RequestRecord, tokens: int, t_s: float, tier: TierConfig | Non
     return True
 
 
-def _window_requests(raw: RawRun, start: float, end: float) -> list[RequestRecord]:
-    return [r for r in raw.records.requests if start <= r.arrival_s < end]
-
-
 def _tokens_at(raw: RawRun, t_s: float) -> list[int]:
     if t_s not in raw.marks:
         raise ValueError(f"no token marks at {t_s} s; marks at {sorted(raw.marks)}")
@@ -199,26 +197,60 @@ def _per_user(requests: Iterable[RequestRecord]) -> list[float]:
     return [1.0 / r.tpot_s for r in requests if r.finished and r.tpot_s > 0]
 
 
+def _good_tokens(raw: RawRun, t_s: float, good: Sequence[bool | None]) -> int:
+    """Output tokens delivered by ``t_s`` by requests whose verdict is met (``delivered_tokens`` is its rise)."""
+    return sum(n for n, g in zip(_tokens_at(raw, t_s), good, strict=False) if g is True)
+
+
+def _open_at(requests: Sequence[RequestRecord], times: Sequence[float]) -> list[int]:
+    """``backlog``'s open count (arrived before t, not finished by t) at every t of the ascending ``times``, in one
+    pass: a request is open at the times from its arrival's (exclusive) to its finish's (inclusive)."""
+    rises = [0] * (len(times) + 1)
+    for r in requests:
+        first = bisect.bisect_right(times, r.arrival_s)
+        past = bisect.bisect_left(times, r.finish_s) if r.finished else len(times)
+        if first < past:
+            rises[first] += 1
+            rises[past] -= 1
+    return list(itertools.accumulate(rises[:-1]))
+
+
 def phase_metrics(raw: RawRun, good: Sequence[bool | None] | None = None) -> list[PhaseMetrics]:
-    out = []
+    """Every phase's metrics, in one pass over the requests and one over the steps (a phase's requests are those
+    arrived in ``[start, end)``, its steps those ended in ``(start, end]``; the phases tile the run)."""
     sc = raw.scenario
-    steps = raw.records.steps
     good = good if good is not None else verdicts(raw)
-    for phase, start, end in sc.phase_bounds():
-        reqs = _window_requests(raw, start, end)
-        tpots = [r.tpot_s for r in reqs if r.finished and not math.isnan(r.tpot_s)]
-        in_phase = [s for s in steps if start < s.end_s <= end and s.decode_seqs > 0]
-        batch = sum(s.decode_seqs for s in in_phase) / len(in_phase) if in_phase else 0.0
+    bounds = list(sc.phase_bounds())
+    starts = [start for _, start, _ in bounds]
+    ends = [end for _, _, end in bounds]
+    reqs: list[list[RequestRecord]] = [[] for _ in bounds]
+    for r in raw.records.requests:
+        j = bisect.bisect_right(starts, r.arrival_s) - 1
+        if j >= 0 and r.arrival_s < ends[j]:
+            reqs[j].append(r)
+    steps: list[list[StepRecord]] = [[] for _ in bounds]
+    for s in raw.records.steps:
+        j = bisect.bisect_left(ends, s.end_s)
+        if j < len(bounds) and starts[j] < s.end_s:
+            steps[j].append(s)
+    times = sorted({*starts, *ends})
+    opened = dict(zip(times, _open_at(raw.records.requests, times), strict=True))
+    tokens = {t: _good_tokens(raw, t, good) for t in times}
+    out = []
+    for (phase, start, end), mine, ran in zip(bounds, reqs, steps, strict=True):
+        tpots = [r.tpot_s for r in mine if r.finished and not math.isnan(r.tpot_s)]
+        decoding = [s for s in ran if s.decode_seqs > 0]
+        batch = sum(s.decode_seqs for s in decoding) / len(decoding) if decoding else 0.0
         out.append(
             PhaseMetrics(
                 name=phase.name,
                 duration_s=end - start,
-                throughput_tok_s=_step_tokens(steps, start, end) / (end - start),
-                goodput_tok_s=delivered_tokens(raw, start, end, good) / (end - start),
-                per_user_tok_s_p50=percentile(_per_user(reqs), 0.5),
+                throughput_tok_s=sum(s.tokens for s in ran) / (end - start),
+                goodput_tok_s=(tokens[end] - tokens[start]) / (end - start),
+                per_user_tok_s_p50=percentile(_per_user(mine), 0.5),
                 tpot_p50_s=percentile(tpots, 0.5),
                 mean_decode_batch=batch,
-                backlog=backlog(raw, start, end),
+                backlog=Backlog(opened[start], opened[end], len(mine)),
             )
         )
     return out

@@ -102,25 +102,14 @@ return {1}
 SETTLE = (
     _WINDOW_LIB
     + """
--- KEYS: windows, then slots, then spend counters, then (with a settle id) the settled-ids set.
--- ARGV: now, NB, n_windows, n_slots, settle id or '', dedupe_s, then
---   3 per window (cost, window_s, reserved_at or ''), 1 per slot (slot_id), 1 per counter (usd)
--- returns 0 when the settle id was already applied (nothing done), else 1
+-- Applies one or more settlements of one scope in order. KEYS, per settlement: its windows, its slots, its spend
+-- counters, then (with a settle id) the settled-ids set. ARGV: now, NB, dedupe_s, then per settlement: settle id
+-- or '', n_windows, n_slots, n_counters, 3 per window (cost, window_s, reserved_at or ''), 1 per slot (slot_id),
+-- 1 per counter (usd). A settlement whose id was applied within dedupe_s is skipped. Returns how many were applied.
 local now = tonumber(ARGV[1])
-local nw, ns = tonumber(ARGV[3]), tonumber(ARGV[4])
-local nkeys = #KEYS
-if ARGV[5] ~= '' then
-  local ids = KEYS[nkeys]
-  nkeys = nkeys - 1
-  redis.call('ZREMRANGEBYSCORE', ids, '-inf', string.format('%.17g', now - tonumber(ARGV[6])))
-  if redis.call('ZADD', ids, 'NX', ARGV[1], ARGV[5]) == 0 then return 0 end
-  redis.call('PEXPIRE', ids, math.ceil(tonumber(ARGV[6]) * 1000))
-end
-local arg = 7
-for i = 1, nw do
-  local key, cost, window = KEYS[i], tonumber(ARGV[arg]), tonumber(ARGV[arg + 1])
-  local reserved_at = tonumber(ARGV[arg + 2]) or now
-  arg = arg + 3
+local dedupe_s = tonumber(ARGV[3])
+local k, arg, applied = 1, 4, 0
+local function refund(key, cost, window, reserved_at)
   local live = live_buckets(key, window, now)
   if cost > 0 then
     reserve(key, cost, window, now)
@@ -135,16 +124,34 @@ for i = 1, nw do
     end
   end
 end
-for i = nw + 1, nw + ns do
-  redis.call('ZREM', KEYS[i], ARGV[arg])
-  arg = arg + 1
+while arg <= #ARGV do
+  local sid = ARGV[arg]
+  local nw, ns, nc = tonumber(ARGV[arg + 1]), tonumber(ARGV[arg + 2]), tonumber(ARGV[arg + 3])
+  arg = arg + 4
+  local fresh = true
+  if sid ~= '' then
+    local ids = KEYS[k + nw + ns + nc]
+    redis.call('ZREMRANGEBYSCORE', ids, '-inf', string.format('%.17g', now - dedupe_s))
+    fresh = redis.call('ZADD', ids, 'NX', ARGV[1], sid) == 1
+    redis.call('PEXPIRE', ids, math.ceil(dedupe_s * 1000))
+  end
+  if fresh then
+    applied = applied + 1
+    for i = 0, nw - 1 do
+      local a = arg + 3 * i
+      refund(KEYS[k + i], tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]) or now)
+    end
+    for i = 0, ns - 1 do redis.call('ZREM', KEYS[k + nw + i], ARGV[arg + 3 * nw + i]) end
+    for i = 0, nc - 1 do
+      local key = KEYS[k + nw + ns + i]
+      local total = tonumber(redis.call('GET', key) or '0') + tonumber(ARGV[arg + 3 * nw + ns + i])
+      redis.call('SET', key, string.format('%.17g', total))
+    end
+  end
+  arg = arg + 3 * nw + ns + nc
+  k = k + nw + ns + nc + (sid ~= '' and 1 or 0)
 end
-for i = nw + ns + 1, nkeys do
-  local total = tonumber(redis.call('GET', KEYS[i]) or '0') + tonumber(ARGV[arg])
-  redis.call('SET', KEYS[i], string.format('%.17g', total))
-  arg = arg + 1
-end
-return 1
+return applied
 """
 )
 

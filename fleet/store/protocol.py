@@ -137,7 +137,7 @@ class UsageRecord(BaseModel):
     tier: str | None = None
     """The tenant's tier when the request was served."""
     admitted_at: float | None = None
-    """When admission reserved its limits, Unix seconds (None for a tenant without limits)."""
+    """When admission granted the request (its limits reserved), Unix seconds; None for a tenant without limits."""
     workload: str | None = None
     """The request's workload hint (``x-gearshift-workload`` or the tenant's default), when it had one."""
     cached_tokens: int = 0

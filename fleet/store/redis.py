@@ -32,7 +32,9 @@ from typing import Any, cast
 
 from redis.asyncio import ConnectionPool, Redis
 from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.connection import parse_url
 from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import Sentinel
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, RedisClusterException, RedisError
@@ -73,6 +75,17 @@ _RETRIES = 1
 """Retries of a call whose connection failed (each on a fresh connection)."""
 
 
+def sentinel_addresses(text: str) -> list[tuple[str, int]]:
+    """``host:port,host:port`` (``GEARSHIFT_REDIS_SENTINELS``) as ``(host, port)`` pairs."""
+    pairs = []
+    for item in (part.strip() for part in text.split(",")):
+        host, sep, port = item.rpartition(":")
+        if not (sep and host and port.isdigit()):
+            raise ValueError(f"GEARSHIFT_REDIS_SENTINELS: {item!r} is not host:port")
+        pairs.append((host, int(port)))
+    return pairs
+
+
 def _num(x: float) -> str:
     """A float as text that Lua's ``tonumber`` reads back as the same double."""
     return repr(float(x))
@@ -91,23 +104,42 @@ def _limit_args(lim: Limit) -> list[str]:
     return ["b", _num(lim.limit_usd), _num(lim.pending_usd), ""]
 
 
-def _settle_call(keys: KeyLayout, s: Settlement, *, now: float) -> tuple[list[str], list[str]] | None:
-    """The KEYS and ARGV of the settle script for ``s``, or None when it has nothing to do."""
+def _settle_part(keys: KeyLayout, s: Settlement) -> tuple[str, list[str], list[str], float] | None:
+    """The scope, KEYS and ARGV of ``s`` within a settle script call (``lua.SETTLE``) and how long its id must be
+    remembered, or None when it has nothing to do."""
     windows = [w for w in s.windows if w.cost != 0]
     if not (windows or s.slots or s.spend):
         return None
     names = [w.key for w in windows] + [sl.key for sl in s.slots] + [k for k, _ in s.spend]
     single_scope(names)
     dedupe = bool(s.settle_id) and bool(windows or s.spend)  # releasing a slot twice is harmless
-    dedupe_s = max([SETTLE_DEDUPE_S, *(2 * w.window_s for w in windows)])
-    args = [_num(now), str(win.BUCKETS_PER_WINDOW), str(len(windows)), str(len(s.slots))]
-    args += [s.settle_id if dedupe else "", _num(dedupe_s)]
+    args = [s.settle_id if dedupe else "", str(len(windows)), str(len(s.slots)), str(len(s.spend))]
     for w in windows:
         args += [str(w.cost), _num(w.window_s), "" if w.reserved_at is None else _num(w.reserved_at)]
     args += [sl.slot_id for sl in s.slots]
     args += [_num(usd) for _, usd in s.spend]
-    key_names = names + ([settled_key(scope_of(names[0]))] if dedupe else [])
-    return [keys.limit(n) for n in key_names], args
+    scope = scope_of(names[0])
+    key_names = names + ([settled_key(scope)] if dedupe else [])
+    dedupe_s = max([SETTLE_DEDUPE_S, *(2 * w.window_s for w in windows)])
+    return scope, [keys.limit(n) for n in key_names], args, dedupe_s
+
+
+def _settle_calls(
+    keys: KeyLayout, settlements: Sequence[Settlement], *, now: float
+) -> list[tuple[list[str], list[str]]]:
+    """One settle script call (KEYS, ARGV) per scope: a scope's settlements, in order, in one call."""
+    by_scope: dict[str, list[tuple[list[str], list[str], float]]] = {}
+    for s in settlements:
+        part = _settle_part(keys, s)
+        if part is not None:
+            by_scope.setdefault(part[0], []).append(part[1:])
+    calls = []
+    for parts in by_scope.values():
+        dedupe_s = max(d for _, _, d in parts)
+        call_keys = [k for ks, _, _ in parts for k in ks]
+        call_args = [_num(now), str(win.BUCKETS_PER_WINDOW), _num(dedupe_s)] + [a for _, args, _ in parts for a in args]
+        calls.append((call_keys, call_args))
+    return calls
 
 
 class _Script:
@@ -162,8 +194,11 @@ class RedisStore:
         prefix: str = DEFAULT_PREFIX,
         wait_replicas: int = 0,
         wait_timeout_s: float = WAIT_TIMEOUT_S,
+        sentinel: Sentinel | None = None,
     ) -> None:
         self._redis = client
+        self._sentinel = sentinel
+        """The Sentinels ``client`` finds its primary through (closed with it), if any."""
         self._wait_replicas = wait_replicas
         self._wait_ms = _ms(wait_timeout_s)
         self._keys = KeyLayout(prefix)
@@ -231,6 +266,33 @@ class RedisStore:
         )
         return cls(Redis.from_pool(pool), prefix=prefix, wait_replicas=wait_replicas)
 
+    @classmethod
+    def from_sentinels(
+        cls,
+        sentinels: Sequence[tuple[str, int]],
+        *,
+        master: str,
+        url: str,
+        prefix: str = DEFAULT_PREFIX,
+        max_connections: int = 512,
+        wait_s: float = 5.0,
+        wait_replicas: int = 0,
+    ) -> RedisStore:
+        """A store on the primary that ``sentinels`` (``(host, port)``) know as ``master``, with ``url``'s password
+        and database. redis-py's Sentinel pool asks them for the primary before each new connection, so after a
+        failover the retried call reaches the promoted replica."""
+        options: dict[str, Any] = {k: v for k, v in parse_url(url).items() if k in ("username", "password", "db")}
+        options |= {
+            "max_connections": max_connections,
+            "socket_connect_timeout": wait_s,
+            "decode_responses": True,
+            "retry": Retry(ExponentialBackoff(cap=0.5, base=0.05), _RETRIES),
+            "retry_on_error": [RedisConnectionError, RedisTimeoutError],
+        }
+        sentinel = Sentinel(list(sentinels), socket_connect_timeout=wait_s)  # type: ignore[no-untyped-call]  # redis-py 8.1 leaves it untyped
+        client = sentinel.master_for(master, **options)
+        return cls(client, prefix=prefix, wait_replicas=wait_replicas, sentinel=sentinel)
+
     # limits -------------------------------------------------------------------------------------------
     @checks_own_cancellation
     async def admit(self, limits: Sequence[Limit], *, now: float) -> Admission:
@@ -262,18 +324,15 @@ class RedisStore:
         settle_id: str | None = None,
     ) -> None:
         settlement = Settlement(settle_id or "", tuple(windows), tuple(slots), tuple(spend.items()))
-        call = _settle_call(self._keys, settlement, now=now)
-        if call is not None:
-            await self._settle(keys=call[0], args=call[1])
+        await self.settle_many([settlement], now=now)
 
     @checks_own_cancellation
     async def settle_many(self, settlements: Sequence[Settlement], *, now: float) -> None:
-        calls = [c for c in (_settle_call(self._keys, s, now=now) for s in settlements) if c is not None]
-        if len(calls) <= 1:
-            for keys, args in calls:
-                await self._settle(keys=keys, args=args)
-            return
-        await self._settle.many(calls)
+        calls = _settle_calls(self._keys, settlements, now=now)
+        if len(calls) == 1:
+            await self._settle(keys=calls[0][0], args=calls[0][1])
+        elif calls:
+            await self._settle.many(calls)
 
     async def spent(self, key: str) -> float:
         value = await self._redis.get(self._keys.limit(key))
@@ -484,3 +543,6 @@ class RedisStore:
 
     async def close(self) -> None:
         await self._redis.aclose()
+        if self._sentinel is not None:
+            for client in self._sentinel.sentinels:
+                await client.aclose()

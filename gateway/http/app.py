@@ -79,7 +79,7 @@ def create_app(
     app.include_router(tenants_admin_router)
     app.include_router(ops_router)
     install_error_handlers(app)
-    install_openapi(app, example_model=fleet.models[0].name if fleet.models else "model")
+    install_openapi(app, example_model=fleet.models[0].name if fleet.models else "model", tiers=tenants.tiers)
     return app
 
 

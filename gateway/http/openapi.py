@@ -4,12 +4,14 @@ The completion routes are served by ``gateway.http.entry`` outside FastAPI's rou
 bytes (no per-request pydantic model), so their operations — request schemas included — are declared here for
 the document only; they cost nothing at run time. Every route documents the OpenAI error object, and the
 tenant and admin APIs their Bearer scheme. Each completion body carries an example request for the fleet's
-first model, so a client generator or a fuzzer (schemathesis) has one request that reaches a worker.
+first model, so a client generator or a fuzzer (schemathesis) has one request that reaches a worker; the admin
+API's tenant bodies list the tenants file's tiers as the only ``tier`` values.
 """
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Collection
 from typing import Any
 
 from fastapi import FastAPI
@@ -129,13 +131,28 @@ COMPLETION_PATHS = {
 }
 
 
-def install_openapi(app: FastAPI, *, example_model: str) -> None:
-    """Generate the document once, adding the completion operations (their examples for ``example_model``) and
-    the Bearer scheme to the tenant and admin routes."""
+def _enumerate_tiers(paths: dict[str, Any], tiers: Collection[str]) -> None:
+    """Make the ``tier`` of the admin API's tenant bodies an enum of the tenants file's tiers (fixed while the
+    gateway runs), so that a client generator or a fuzzer sends tiers the gateway accepts."""
+    for path, operations in paths.items():
+        if not path.startswith("/admin/v1/tenants"):
+            continue
+        for operation in operations.values():
+            media = operation.get("requestBody", {}).get("content", {}).get("application/json", {})
+            tier = media.get("schema", {}).get("properties", {}).get("tier")
+            if tier is not None:
+                tier["enum"] = sorted(tiers)
+
+
+def install_openapi(app: FastAPI, *, example_model: str, tiers: Collection[str]) -> None:
+    """Generate the document once, adding the completion operations (their examples for ``example_model``),
+    the tenants file's ``tiers`` as the tenant bodies' choices, and the Bearer scheme to the tenant and admin
+    routes."""
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
-            schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+            schema = get_openapi(title=app.title, version=app.version, routes=app.routes)  # a new tree: ours
+            _enumerate_tiers(schema["paths"], tiers)
             completions = copy.deepcopy(COMPLETION_PATHS)
             for path, example in EXAMPLES.items():
                 media = completions[path]["post"]["requestBody"]["content"]["application/json"]

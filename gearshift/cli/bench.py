@@ -172,7 +172,7 @@ def overload(
 def robustness(
     out: Annotated[Path, typer.Option(help="Directory for robustness.md.")] = DEFAULT_OUT,
     scenario: Annotated[
-        list[str] | None, typer.Option(help="Scenarios every cell runs (repeatable; default: phase-shift).")
+        list[str] | None, typer.Option(help="Scenarios every cell runs (repeatable; default: phase-shift, straddle).")
     ] = None,
     scenario_dir: Annotated[Path | None, typer.Option(help="Scenario YAML directory (default: built-in).")] = None,
     profile: Annotated[
@@ -188,7 +188,7 @@ def robustness(
     from fleet.config import ConfigError
 
     try:
-        chosen = load_scenarios(scenario_dir, scenario or ["phase-shift"])
+        chosen = load_scenarios(scenario_dir, scenario or list(grid.DEFAULT_SCENARIOS))
     except ConfigError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc

@@ -3,8 +3,9 @@
 Per worker: model, its pool in the fleet plan the gateway follows, k desired/applied (its gear; "free" marks a
 worker restarted without its drafter, and the status shows "draining" or "restarting" during such a move),
 accepted length, running/waiting, KV use, output tokens/s, $/Mtok and the controller's last decision reason, cut to
-fit the terminal (``gearshift controller explain`` has it whole). Per tenant: requests/s and the TPOT p99 of its
-tier against the target.
+fit the terminal (``gearshift controller explain`` has it whole). Per tenant in force (the tenants file with the
+changes made at run time through the admin API, read every frame): requests/s and the TPOT p99 of its tier
+against the target.
 Sources: each worker's ``/metrics`` (URLs from the fleet file), the gateway's ``/metrics``, and the worker
 states the controller publishes — read from the store when ``GEARSHIFT_REDIS_URL`` is set, otherwise through
 the gateway's admin API (which serves them from the store of a ``gearshift up`` process).
@@ -25,10 +26,11 @@ from rich.console import Console, ConsoleOptions, Group, JustifyMethod, Renderab
 from rich.live import Live
 from rich.table import Table
 
-from fleet.config import CommonSettings, ConfigError, FleetConfig, TenantsConfig
+from fleet.config import CommonSettings, ConfigError, FleetConfig, TenantConfig, TenantsConfig
 from fleet.scrape import WorkerScrape, parse_worker_metrics
 from fleet.store.factory import build_store
 from fleet.store.protocol import Store, WorkerState
+from fleet.tenants import read_merged
 from fleet.worker_mode import WorkerMode, read_modes
 from gateway.settings import GatewaySettings
 from gearshift.cli.top_model import (
@@ -51,6 +53,10 @@ class StateSource(Protocol):
         """The workers' drafter-free gear records by id (read with, or after, ``states``)."""
         ...
 
+    async def tenants(self, file: TenantsConfig) -> TenantsConfig:
+        """The tenants in force: ``file`` with the changes made at run time through the admin API."""
+        ...
+
 
 class StoreStates:
     """Worker states straight from the shared store (Redis)."""
@@ -63,6 +69,9 @@ class StoreStates:
 
     async def modes(self) -> dict[str, WorkerMode]:
         return await read_modes(self._store)
+
+    async def tenants(self, file: TenantsConfig) -> TenantsConfig:
+        return (await read_merged(file, self._store)).tenants
 
 
 class GatewayAdminStates:
@@ -89,6 +98,21 @@ class GatewayAdminStates:
         states = {r["id"]: WorkerState.model_validate(r["state"]) for r in rows if r.get("state")}
         self._modes = {r["id"]: WorkerMode.model_validate(r["mode"]) for r in rows if r.get("mode")}
         return states, {r["id"]: bool(r["healthy"]) for r in rows}
+
+    async def tenants(self, file: TenantsConfig) -> TenantsConfig:
+        """The gateway's tenants in force (``GET /admin/v1/tenants``: merged there), under ``file``'s tiers; the
+        file's tenants while the gateway does not answer."""
+        try:
+            response = await self._client.get(
+                f"{self._url}/admin/v1/tenants", headers={"authorization": f"Bearer {self._key}"}
+            )
+            response.raise_for_status()
+        except httpx.HTTPError:
+            return file
+        rows: list[dict[str, Any]] = response.json()["data"]
+        fields = TenantConfig.model_fields
+        in_force = (TenantConfig.model_validate({k: v for k, v in r.items() if k in fields}) for r in rows)
+        return TenantsConfig(tiers=file.tiers, tenants=tuple(t for t in in_force if t.tier in file.tiers))
 
 
 async def _get_text(client: httpx.AsyncClient, url: str) -> str | None:
@@ -265,7 +289,7 @@ async def run_top(
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
 ) -> None:
     """Sample the fleet every ``interval_s`` seconds and draw it; with ``once``, draw one frame and return."""
-    fleet, tenants = settings.fleet(), settings.tenants()
+    fleet, file = settings.fleet(), settings.tenants()
     store = build_store(settings) if settings.redis_url else None
     async with httpx.AsyncClient(timeout=httpx.Timeout(max(0.5, interval_s))) as client:
         source: StateSource = (
@@ -277,6 +301,7 @@ async def run_top(
             prev = await take_snapshot(client, fleet, gateway_url, source)
             await sleep(interval_s)
             cur = await take_snapshot(client, fleet, gateway_url, source)
+            tenants = await source.tenants(file)
             if once:
                 console.print(render(prev, cur, fleet, tenants))
                 return
@@ -284,6 +309,7 @@ async def run_top(
                 while True:
                     await sleep(interval_s)
                     prev, cur = cur, await take_snapshot(client, fleet, gateway_url, source)
+                    tenants = await source.tenants(file)
                     live.update(render(prev, cur, fleet, tenants), refresh=True)
         finally:
             if store is not None:

@@ -45,8 +45,9 @@ def test_bench_policies_smoke(tmp_path: Path) -> None:
     md = (tmp_path / "policies.md").read_text()
     tp16, mi355x = "kimi-k3-dspark-tp16", "kimi-k3-dspark-mi355x-tp8"
     header, rows = parse_table(md, f"### Goodput table — {tp16}")
-    assert header == ["scenario", "k=0", "k=1", "k=2", "k=4", "k=7", "vllm-table", "gate", "no-drafter", "gearshift", "adaptive",
-                      "gearshift+adaptive", "oracle"]  # fmt: skip
+    assert header == ["scenario", "k=0", "k=1", "k=2", "k=4", "k=7", "vllm-table", "gate", "no-drafter", "gearshift",
+                      "adaptive", "gearshift+adaptive", "fleet-placement", "oracle", "best-uniform-static",
+                      "best-static-placement"]  # fmt: skip
     assert [r[0] for r in rows] == ["phase-shift"], "the MI355X-only sweep is not run on tp16"
     _, rows = parse_table(md, f"### Goodput table — {mi355x}")
     assert [r[0] for r in rows] == ["phase-shift", "random-sweep-mi355x"]
@@ -59,7 +60,7 @@ def test_bench_policies_smoke(tmp_path: Path) -> None:
     assert header[:3] == ["policy", "goodput tok/s", "throughput tok/s"]
     model_cost = header.index("$/Mtok (cost model)")
     assert all(float(r[model_cost].replace(",", "")) > 0 for r in rows), "the controller's cost model prices every run"
-    assert len(rows) == 11
+    assert len(rows) == 15
     summary = json.loads((tmp_path / "policies.json").read_text())
     assert set(summary) == {"phase-shift", "random-sweep-mi355x"}
     assert set(summary["random-sweep-mi355x"]) == {mi355x}

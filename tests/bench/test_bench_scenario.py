@@ -8,6 +8,7 @@ import pytest
 
 from bench.policy import load
 from bench.policy.lab import run_policy
+from bench.policy.placement import is_mixed_tier
 from bench.policy.policies import StaticSchedule
 from bench.policy.scenario import load_scenario, load_scenarios
 from fleet.config import ConfigError
@@ -21,6 +22,10 @@ BUILT_IN = {
     "concurrency-sweep",
     "long-context-mix",
     "mixed-tiers",
+    "placement-knee-mi355x",
+    "placement-knee-tp16",
+    "placement-surge-mi355x",
+    "placement-surge-tp16",
     "phase-shift",
     "prompt-bursts-mixed",
     "poisson-load",
@@ -47,6 +52,12 @@ def test_built_in_scenarios_load_and_cover_the_issue() -> None:
         (phase,) = scenarios[name].phases
         assert phase.arrival.kind == "burst", name
         assert max(c.prompt_tokens.mean for c in phase.mix) >= 8192, name
+    for name in ("placement-knee-tp16", "placement-knee-mi355x", "placement-surge-tp16", "placement-surge-mi355x"):
+        sc = scenarios[name]  # issue 13: mixed tiers on at least 4 workers, one profile each (absolute rates)
+        assert sc.workers >= 4, name
+        assert is_mixed_tier(sc), name
+        assert sc.profiles is not None, name
+        assert len(sc.profiles) == 1, name
 
 
 def _write(tmp_path: Path, name: str, body: str) -> Path:

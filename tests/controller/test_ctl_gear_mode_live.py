@@ -34,7 +34,7 @@ from .ctl_helpers import CONTROL_TOKEN as TOKEN
 SPEEDUP = 600.0
 RESTART_S = 1.0
 """The profile's 600 s restart at ``SPEEDUP``, real seconds (the rule's clock is the controller's, real time)."""
-OFF_ONLY = {"k_tiers": (0,)}
+OFF_ONLY: dict[str, object] = {"k_tiers": (0,)}
 """With workers started at k = 0, a policy that only ever chooses k = 0: the stretch the rule waits for, without
 waiting for a load to cause it."""
 

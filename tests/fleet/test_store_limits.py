@@ -223,3 +223,27 @@ def _usage(request_id: str, cost_usd: float) -> UsageRecord:
         request_id=request_id, tenant="t", model="m", worker_id="w", prompt_tokens=1, completion_tokens=1,
         cost_usd=cost_usd, status="ok", at=T0,
     )  # fmt: skip
+
+
+async def test_a_batch_of_settlements_of_several_tenants_is_applied_in_one_call(harness: StoreHarness) -> None:
+    store = harness.store
+    for tenant in ("a", "b"):
+        for slot_id in ("x", "y"):
+            limits: list[Limit] = [WindowLimit(key=f"tpm:{tenant}", cost=100, limit=300)]
+            limits.append(SlotLimit(key=f"conc:{tenant}", slot_id=slot_id, limit=2))
+            assert (await store.admit(limits, now=T0)).allowed
+    batch = [
+        Settlement(
+            f"{tenant}-{slot_id}",
+            windows=(WindowLimit(key=f"tpm:{tenant}", cost=-50, limit=300, reserved_at=T0),),
+            slots=(SlotLimit(key=f"conc:{tenant}", slot_id=slot_id, limit=2),),
+        )
+        for tenant in ("a", "b")
+        for slot_id in ("x", "y")
+    ]
+    await store.settle_many([*batch, batch[0]], now=T0 + 1)
+    for tenant in ("a", "b"):  # both slots free, 100 of 300 tokens used: 200 more fit, 201 do not
+        limits = [SlotLimit(key=f"conc:{tenant}", slot_id=s, limit=2) for s in ("p", "q")]
+        assert all([(await store.admit([lim], now=T0 + 1)).allowed for lim in limits])
+        assert not (await store.admit([WindowLimit(key=f"tpm:{tenant}", cost=201, limit=300)], now=T0 + 1)).allowed
+        assert (await store.admit([WindowLimit(key=f"tpm:{tenant}", cost=200, limit=300)], now=T0 + 1)).allowed

@@ -151,3 +151,17 @@ def test_shell_line_round_trips(kimi: WorkerConfig) -> None:
     words = shlex.split(plan.shell())
     assert words[:3] == ["GEARSHIFT_WORKER_ID=kimi-k3-0", "VLLM_PLUGINS=gearshift", "VLLM_USE_V2_MODEL_RUNNER=1"]
     assert tuple(words[3:]) == plan.argv
+
+
+def test_the_drafter_free_command_has_no_speculative_config_and_keeps_everything_else(
+    kimi: WorkerConfig, tmp_path: Path
+) -> None:
+    with_drafter, without = build_launch(kimi), build_launch(kimi, drafter=False)
+    assert "--speculative-config" not in without.argv
+    assert "--cudagraph-capture-sizes" not in without.argv
+    kept = [a for a in with_drafter.argv if a not in ("--speculative-config", "--cudagraph-capture-sizes")]
+    assert all(a in without.argv for a in kept[:12]), "model, port, TP and max_num_seqs are the same"
+    assert option(without.argv, "--max-num-seqs") == option(with_drafter.argv, "--max-num-seqs")
+    cpu = tiny_plan(tiny_worker(port=8123, model_dir=tmp_path), drafter=False)
+    assert "--speculative-config" not in cpu.argv
+    assert cpu.env == tiny_plan(tiny_worker(port=8123, model_dir=tmp_path)).env

@@ -263,7 +263,6 @@ async def _stream(
 
     ``continuous_details`` are the extra (null) fields vLLM puts in each chunk's ``continuous_usage_stats``."""
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-    await response.prepare(request)
     options = body.stream_options
     continuous = options is not None and options.continuous_usage_stats
 
@@ -275,6 +274,7 @@ async def _stream(
         return payload
 
     try:
+        await response.prepare(request)  # in the try: a client gone before the headers is an abort too
         role_due = role_chunk is not None
         async for d in generation.deltas():
             if role_chunk is not None and role_due:  # vLLM sends the role with the engine's first output
@@ -291,7 +291,7 @@ async def _stream(
         await _send(response, error_body(str(exc), "InternalServerError", 500))
         await response.write(b"data: [DONE]\n\n")
     except ConnectionResetError:
-        pass  # the client went away; ``generation.deltas`` has already aborted its engine requests
+        pass  # the client went away; ``finally`` aborts what the engine still runs for it
     finally:
         generation.abort()
     return response

@@ -167,7 +167,6 @@ async def responses(request: web.Request) -> web.StreamResponse:
 async def _stream(request: web.Request, generation: Generation, r: _Response) -> web.StreamResponse:
     """The Responses API's event stream (see the module docstring); a client that leaves aborts the request."""
     out = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-    await out.prepare(request)
     sequence = 0
 
     async def send(kind: str, **fields: Any) -> None:
@@ -178,6 +177,7 @@ async def _stream(request: web.Request, generation: Generation, r: _Response) ->
 
     at = {"output_index": 0, "item_id": r.item_id, "content_index": 0}
     try:
+        await out.prepare(request)  # in the try: a client gone before the headers is an abort too
         await send("response.created", response=r.body(None, "in_progress", None))
         await send("response.in_progress", response=r.body(None, "in_progress", None))
         opened = False
@@ -201,7 +201,7 @@ async def _stream(request: web.Request, generation: Generation, r: _Response) ->
     except EngineFailed as exc:  # the stream has started: report in-band, as vLLM does
         await send("error", code="InternalServerError", message=str(exc), param=None)
     except ConnectionResetError:
-        pass  # the client went away; ``generation.deltas`` has already aborted its engine request
+        pass  # the client went away; ``finally`` aborts what the engine still runs for it
     finally:
         generation.abort()
     return out

@@ -58,15 +58,21 @@ def tiny_worker(*, port: int, model_dir: Path, worker_id: str = "tiny-0") -> Wor
 
 
 def tiny_plan(
-    worker: WorkerConfig, *, cpu: CpuOptions | None = None, speculative_extra: Mapping[str, Any] | None = None
+    worker: WorkerConfig,
+    *,
+    cpu: CpuOptions | None = None,
+    speculative_extra: Mapping[str, Any] | None = None,
+    drafter: bool = True,
 ) -> LaunchPlan:
-    """The CPU command line of a ``tiny_worker``; ``speculative_extra`` overrides speculative-config keys."""
+    """The CPU command line of a ``tiny_worker``; ``speculative_extra`` overrides speculative-config keys;
+    ``drafter=False`` starts it without speculation (the drafter-free gear)."""
     return build_launch(
         worker,
         entrypoint=Entrypoint.MODULE,
         python=str(VLLM_PYTHON),
         cpu=cpu or CpuOptions(),
         speculative_extra={**NGRAM_LOOKUP, **(speculative_extra or {})},
+        drafter=drafter,
     )
 
 
