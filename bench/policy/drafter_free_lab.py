@@ -90,7 +90,11 @@ class DrafterFreePolicy(ControllerPolicy):
     restarter: VirtualRestarter | None = None
     drafter_free_s: float = 0.0
     """Worker-seconds of lab time spent started without the drafter (restarting into it included)."""
+    seen: dict[str, list[str]] = field(default_factory=dict)
+    """Phase → per worker, at the phase's last tick: the k held, its predicted goodput, the predicted goodput of the
+    same load drafter-free (``Decision.off``), the estimated decode batch and the rule's verdict."""
     _tick_s: float = 0.0
+    _bounds: tuple[tuple[str, float, float], ...] = ()
 
     def bind(self, workers: Sequence[VirtualWorker], ctx: LabContext) -> None:
         super().bind(workers, ctx)
@@ -111,11 +115,27 @@ class DrafterFreePolicy(ControllerPolicy):
             clock=clock,
         )
         self.controller.gear_modes = self.gears
-        self._tick_s = ctx.tick_s
+        self._tick_s, self._bounds = ctx.tick_s, ctx.phase_bounds
 
     def on_tick(self, tick: TickContext) -> None:
         super().on_tick(tick)
         self.drafter_free_s += self._tick_s * sum(1 for w in tick.workers if not w.engine.drafter_loaded)
+        phase = next((name for name, a, b in self._bounds if a < tick.now_s <= b), None)
+        if phase is not None and self.controller is not None and self.gears is not None:
+            self.seen[phase] = [self._seen(wid) for wid in self.controller.workers]
+
+    def _seen(self, wid: str) -> str:
+        assert self.controller is not None
+        assert self.gears is not None
+        rt = self.controller.workers[wid]
+        d, est, verdict = rt.decision, rt.estimate, self.gears.verdicts.get(wid)
+        held = d.candidate(rt.stab.k) if d is not None and rt.stab is not None else None
+        if d is None or est is None or held is None or d.off is None:
+            return f"{wid}: no decision yet"
+        return (
+            f"{wid}: k={held.k} predicted {held.goodput_tok_s:.0f} tok/s, drafter-free k=0 {d.off.goodput_tok_s:.0f}"
+            f" tok/s at decode batch {est.batch:.0f}; rule: {verdict.reason if verdict else '–'}"
+        )
 
     def worker_modes(self) -> Mapping[str, WorkerMode]:
         return self.gears.modes if self.gears is not None else {}
@@ -141,8 +161,8 @@ class ArmResult:
     restarts: int = 0
     drafter_free_s: float = 0.0
     """Worker-seconds spent started without the drafter (virtual seconds)."""
-    verdicts: tuple[str, ...] = ()
-    """The rule's last verdict per worker (``worker: move: reason``)."""
+    seen: Mapping[str, Sequence[str]] = field(default_factory=dict)
+    """``DrafterFreePolicy.seen``: per phase, what the controller predicted and the rule said at its end."""
 
 
 def run_arm(scenario: Scenario, arm: str) -> ArmResult:
@@ -155,11 +175,8 @@ def run_arm(scenario: Scenario, arm: str) -> ArmResult:
         return ArmResult(arm, summarise(run_policy(scenario, bound, profile=profile), profile))
     gear = DrafterFreePolicy()
     metrics = summarise(run_policy(scenario, gear, profile=profile), profile)
-    verdicts = tuple(
-        f"{v.worker_id}: {v.move.value}: {v.reason}" for v in (gear.gears.verdicts.values() if gear.gears else ())
-    )
     restarts = sum(gear.restarter.restarts.values()) if gear.restarter is not None else 0
-    return ArmResult(arm, metrics, restarts, gear.drafter_free_s, verdicts)
+    return ArmResult(arm, metrics, restarts, gear.drafter_free_s, gear.seen)
 
 
 def _run(args: tuple[Scenario, str]) -> ArmResult:
@@ -212,9 +229,8 @@ def report(scenarios: Sequence[Scenario], results: Sequence[Sequence[ArmResult]]
             for a in arms
         ]  # fmt: skip
         out += [table(header, rows), ""]
-        gear = arms[1]
-        if gear.verdicts:
-            out += ["The rule's last verdict per worker:", "", *(f"- {v}" for v in gear.verdicts), ""]
+        for phase, lines in arms[1].seen.items():
+            out += [f"With the gear, at the end of {phase}:", "", *(f"- {line}" for line in lines), ""]
     return "\n".join(out)
 
 

@@ -6,7 +6,8 @@ scope, so on Redis Cluster it touches one slot (``fleet.store.keys``).
 Two implementations with the same semantics: ``fleet.store.memory.MemoryStore`` (one process, the embedded
 mode) and ``fleet.store.redis.RedisStore`` (replicas on a real Redis). One contract test suite runs against
 both. Every method is one round trip on Redis; ``admit`` checks and reserves all of a request's limits
-atomically in one round trip, so the gateway's hot path pays one store call to admit and one to settle.
+atomically in one round trip, so the gateway's hot path pays one store call to admit; settlements go after the
+response, many in one round trip (``settle_many``), and spend comes with the usage record (``append_usage``).
 All times are Unix seconds; money is USD; token counts are tokens.
 """
 
