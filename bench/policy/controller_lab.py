@@ -26,8 +26,8 @@ from fleet.store.memory import MemoryStore
 from fleet.store.protocol import Store
 
 
-class VirtualWorker(Protocol):
-    """An in-process simulated worker (``workers.sim.virtual.VirtualWorker``)."""
+class FleetWorker(Protocol):
+    """What a fleet file needs of an in-process worker: its id, model and speculation control."""
 
     @property
     def worker_id(self) -> str: ...
@@ -35,6 +35,11 @@ class VirtualWorker(Protocol):
     def model_name(self) -> str: ...
     @property
     def control(self) -> SpeculationControl: ...
+
+
+class VirtualWorker(FleetWorker, Protocol):
+    """An in-process simulated worker (``workers.sim.virtual.VirtualWorker``)."""
+
     def metrics_text(self) -> bytes: ...
     def metrics_samples(self) -> Iterable[Sample]: ...
 
@@ -52,7 +57,7 @@ class VirtualLab(Protocol):
 NO_TENANTS = TenantsConfig(tiers={"default": TierConfig()}, tenants=())
 
 
-def lab_fleet(workers: Sequence[VirtualWorker], profile: Profile) -> FleetConfig:
+def lab_fleet(workers: Sequence[FleetWorker], profile: Profile) -> FleetConfig:
     """A fleet file describing in-process virtual workers (their URLs are never dialled)."""
     models = {w.model_name for w in workers}
     return FleetConfig(

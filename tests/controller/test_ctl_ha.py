@@ -122,9 +122,6 @@ class _Worker:
         self.worker_id = control.worker_id
         self.model_name = "kimi-k3"
 
-    def metrics_text(self) -> bytes:
-        return b""
-
 
 async def _until(cond: Callable[[], bool], timeout_s: float = 5.0) -> None:
     """Poll ``cond`` every 10 ms until it holds (a loop on a real clock has no event to wait on)."""
