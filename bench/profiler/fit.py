@@ -12,6 +12,10 @@ comm_s_per_token (+ sample_s_per_token, which decode cannot tell apart), c_conte
 kv_read_replicas / bw and the drafter's fixed_s, per_seq_s and per_position_s. The structure (experts,
 routing, replicas, bandwidth, FLOP rates) comes from a base profile; the fit solves the coefficients by
 non-negative least squares on relative error and writes them back as profile fields.
+
+The swept worker runs with its drafter loaded (it serves k > 0), so its k = 0 steps pay the base profile's
+idle-drafter tax (``fleet.perf.IdleDrafterTax``, a share of the target's time rising with batch). The fit divides
+that share out of the k = 0 points, and the fitted profile keeps the base's tax.
 """
 
 from __future__ import annotations
@@ -45,10 +49,20 @@ class Fit:
 
 
 def shape_of(point: Point) -> StepShape:
-    """The decode-only step a point measured (B sequences at k, their summed context)."""
+    """The decode-only step a point measured (B sequences at k, their summed context, drafter loaded)."""
     return StepShape(
-        decode_seqs=point.batch_size, k=point.k, context_tokens=round(point.context_tokens * point.batch_size)
+        decode_seqs=point.batch_size,
+        k=point.k,
+        context_tokens=round(point.context_tokens * point.batch_size),
+        drafter_loaded=True,
     )
+
+
+def idle_tax_factor(base: Profile, point: Point) -> float:
+    """How much longer than the target's own time a k = 0 step of the point's batch ran (1 + the base's
+    idle-drafter share; 1 for k > 0 or a profile without the tax)."""
+    tax = base.drafter.k0_tax
+    return 1.0 + tax.fraction(point.batch_size) if point.k == 0 and tax is not None else 1.0
 
 
 def regressors(base: Profile, batch: int, k: int, context_tokens: float) -> list[float]:
@@ -78,7 +92,7 @@ def fit_step_time(base: Profile, points: Sequence[Point]) -> dict[str, float]:
     if len(points) < len(COEFFICIENTS):
         raise ValueError(f"points: need at least {len(COEFFICIENTS)} measured points, got {len(points)}")
     a = np.array([regressors(base, p.batch_size, p.k, p.context_tokens * p.batch_size) for p in points])
-    y = np.array([p.step_s for p in points])
+    y = np.array([p.step_s / idle_tax_factor(base, p) for p in points])
     scale = 1.0 / y
     coef = nonnegative_lstsq(a * scale[:, None], y * scale)
     return dict(zip(COEFFICIENTS, (float(c) for c in coef), strict=True))
