@@ -179,7 +179,7 @@ class GearModes:
         fleet = []
         for wid, obs in seen.items():
             mode = self.modes.get(wid)
-            if mode is None or wid not in self.restart_s:
+            if mode is None:
                 continue
             s, cfg = self._stretch[wid], self.workers[wid]
             fleet.append(
@@ -196,10 +196,13 @@ class GearModes:
                     draining=mode.phase is not Phase.SERVING,
                 )
             )
-        if not fleet:
+        movable = [g.worker_id for g in fleet if g.worker_id in self.restart_s]
+        if not movable:
             return
-        restart_s = max(self.restart_s[g.worker_id] for g in fleet)
-        for verdict in plan_restarts(fleet, now_s=now, restart_s=restart_s, config=self.config):
+        restart_s = max(self.restart_s[wid] for wid in movable)
+        # A worker with no restart time is never moved, but it still carries load for the others (the guard).
+        config = self.config.model_copy(update={"forbidden": self.config.forbidden | (set(seen) - set(movable))})
+        for verdict in plan_restarts(fleet, now_s=now, restart_s=restart_s, config=config):
             self.verdicts[verdict.worker_id] = verdict
             if verdict.move is Move.STAY:
                 continue

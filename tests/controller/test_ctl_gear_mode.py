@@ -149,3 +149,18 @@ async def test_the_draining_filter_keeps_serving_and_returning_workers() -> None
     assert kept == views[1:]
     views[1].mode = views[1].mode.model_copy(update={"phase": Phase.RESTARTING})
     assert await NotDrainingFilter()(ctx, views) == views[2:]
+
+
+async def test_a_worker_with_no_restart_time_is_never_moved_but_still_carries_the_others_load() -> None:
+    clock = ManualClock()
+    restarter = FakeRestarter(clock)
+    f = fleet()
+    g = GearModes(
+        workers=f.workers, restart_s={"w0": RESTART_S}, config=CONFIG, restarter=restarter,
+        store=MemoryStore(clock=clock), clock=clock,
+    )  # fmt: skip
+    for _ in range(40):
+        await g.tick([obs("w0"), obs("w1")])
+        clock.advance(2.0)
+    assert restarter.calls == [("w0", False)], "w1 is w0's peer, never a mover"
+    assert "forbidden for this worker" in g.verdicts["w1"].reason

@@ -142,11 +142,17 @@ async def test_drain_restart_without_the_drafter_and_back_on_real_vllm(tiny_mode
 
 
 async def _served(http: httpx.AsyncClient, url: str, client: httpx.AsyncClient) -> float:
-    """Requests the vLLM worker has finished since it last started, after a few more through the gateway."""
-    for _ in range(6):
+    """Requests the vLLM worker has finished since it last started, once the gateway has sent it some (at most 60
+    requests through the gateway, a quarter second apart: its health probe may take a moment to see it back)."""
+    served = 0.0
+    for _ in range(60):
         (
             await client.post("/v1/completions", json={"model": "tiny", "prompt": "x", "max_tokens": 4})
         ).raise_for_status()
-    text = (await http.get(f"{url}/metrics")).text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("vllm:request_success_total"))  # fmt: skip
+        text = (await http.get(f"{url}/metrics", timeout=30.0)).text
+        served = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                     if line.startswith("vllm:request_success_total"))  # fmt: skip
+        if served > 0:
+            break
+        await asyncio.sleep(0.25)
+    return served
