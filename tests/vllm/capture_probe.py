@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from vllm.config.compilation import CUDAGraphMode
 from vllm.engine.arg_utils import EngineArgs
+from vllm.entrypoints.launchers.cli_args import make_arg_parser
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 from vllm.v1.worker.gpu import cudagraph_utils
 
@@ -57,7 +58,9 @@ def engine_args(argv: list[str], model: str) -> EngineArgs:
             i += 1
         else:
             i += 1 + skip
-    parser = EngineArgs.add_cli_args(FlexibleArgumentParser())
+    # ``vllm serve``'s own parser (it knows the API server's flags too: tool and reasoning parsers, …); the
+    # engine's arguments are then taken from it as ``vllm serve`` takes them
+    parser = make_arg_parser(FlexibleArgumentParser())
     args = EngineArgs.from_cli_args(parser.parse_args(["--model", model, *kept]))
     spec: dict[str, Any] = dict(args.speculative_config or {})
     spec.pop("model", None)
