@@ -123,8 +123,7 @@ class FleetPlacementPolicy:
         self._seqs = workers[0].control.max_num_seqs
         self._next_plan_s = self.config.period_s
         self._counters = {
-            w.worker_id: _Counters(w.control.k_for(1), w.stats.num_drafts, w.stats.num_accepted_tokens)
-            for w in workers
+            w.worker_id: _Counters(w.control.k_for(1), w.stats.num_drafts, w.stats.num_accepted_tokens) for w in workers
         }
         self._activate(frozenset(w.worker_id for w in workers))
 

@@ -77,7 +77,21 @@ async def test_metric_labels_are_bounded(upstreams: StartUpstreams) -> None:
     requests = families["gearshift_gateway_requests"]
     assert {s.value for s in requests.samples if s.name.endswith("_total")} == {3.0}
     labels = {k for f in families.values() for s in f.samples for k in s.labels}
-    assert labels <= {"tenant", "model", "worker", "status", "kind", "tier", "reason", "type", "cause", "loop", "le", "outcome", "pool"}
+    assert labels <= {
+        "tenant",
+        "model",
+        "worker",
+        "status",
+        "kind",
+        "tier",
+        "reason",
+        "type",
+        "cause",
+        "loop",
+        "le",
+        "outcome",
+        "pool",
+    }
     values = {v for f in families.values() for s in f.samples for v in s.labels.values()}
     assert not any("unique-" in v or "no-such-model" in v for v in values)
     ttft = families["gearshift_gateway_time_to_first_token_seconds"]
