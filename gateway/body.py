@@ -182,8 +182,8 @@ def estimate(
     return prompt, prompt + completion
 
 
-def parse_completion(raw: bytes, *, prompt_field: str, rules: BodyRules = DEFAULT_RULES) -> CompletionRequest:
-    """Parse a chat (``prompt_field="messages"``) or text (``"prompt"``) completion body and estimate its tokens."""
+def body_head(raw: bytes) -> tuple[dict[str, Any], str]:
+    """A request body as a JSON object and its ``model`` (400 naming what is wrong otherwise)."""
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
@@ -193,6 +193,12 @@ def parse_completion(raw: bytes, *, prompt_field: str, rules: BodyRules = DEFAUL
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise InvalidRequest("'model' is required: the name of a model.", param="model")
+    return body, model
+
+
+def parse_completion(raw: bytes, *, prompt_field: str, rules: BodyRules = DEFAULT_RULES) -> CompletionRequest:
+    """Parse a chat (``prompt_field="messages"``) or text (``"prompt"``) completion body and estimate its tokens."""
+    body, model = body_head(raw)
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise InvalidRequest(f"'stream' must be a boolean, got {stream!r}.", param="stream")

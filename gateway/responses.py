@@ -24,7 +24,7 @@ from typing import Any
 
 import orjson
 
-from gateway.body import BodyRules, CompletionRequest, count_images, estimate, schema_chars
+from gateway.body import BodyRules, CompletionRequest, body_head, count_images, estimate, schema_chars
 from gateway.errors import GatewayError, InvalidRequest
 from gateway.metrics import GatewayMetrics
 from gateway.sse import StreamMeter, usage_of
@@ -56,15 +56,7 @@ def _item_chars(item: object) -> int:
 
 def parse_responses(raw: bytes, *, rules: BodyRules) -> CompletionRequest:
     """Parse a Responses API body and estimate its tokens (400 for a body it cannot be)."""
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidRequest(f"The request body is not valid JSON: {exc}.") from None
-    if not isinstance(body, dict):
-        raise InvalidRequest("The request body must be a JSON object.")
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise InvalidRequest("'model' is required: the name of a model.", param="model")
+    body, model = body_head(raw)
     stream = body.get("stream", False)
     if stream is None:
         stream = False
@@ -122,13 +114,7 @@ class ResponsesStreamMeter(StreamMeter):
     strip_usage: bool = False
 
     def feed(self, chunk: bytes, now: float) -> bytes:
-        data = self._pending + chunk if self._pending else chunk
-        end = data.rfind(b"\n\n")
-        if end < 0:
-            self._pending = data
-            return b""
-        self._pending = data[end + 2 :]
-        complete = data[: end + 2]
+        complete = self._complete_events(chunk)
         for event in complete.split(b"\n\n")[:-1]:
             kind = _event_type(event)
             if kind in OUTPUT_DELTA_EVENTS:

@@ -87,15 +87,21 @@ class StreamMeter:
             return sum(self.choice_tokens.values())
         return self.chunk_events
 
-    def feed(self, chunk: bytes, now: float) -> bytes:
-        """Add a chunk from the worker; return the complete events to forward to the client."""
+    def _complete_events(self, chunk: bytes) -> bytes:
+        """The complete events (each ending in a blank line) that ``chunk`` finishes; the rest is kept."""
         data = self._pending + chunk if self._pending else chunk
         end = data.rfind(b"\n\n")
         if end < 0:
             self._pending = data
             return b""
         self._pending = data[end + 2 :]
-        complete = data[: end + 2]
+        return data[: end + 2]
+
+    def feed(self, chunk: bytes, now: float) -> bytes:
+        """Add a chunk from the worker; return the complete events to forward to the client."""
+        complete = self._complete_events(chunk)
+        if not complete:
+            return b""
         if b'"usage"' not in complete and b'"error"' not in complete and DONE not in complete:
             self._count_chunks(complete.count(b"data:"), now)
             return complete

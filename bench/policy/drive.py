@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Coroutine
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 T = TypeVar("T")
 
@@ -22,7 +22,7 @@ def drive(coro: Coroutine[Any, Any, T], loop: asyncio.AbstractEventLoop) -> T:
     try:
         yielded = coro.send(None)
     except StopIteration as done:
-        return done.value  # type: ignore[no-any-return]
+        return cast(T, done.value)
     return loop.run_until_complete(_resume(coro, yielded))
 
 
@@ -36,4 +36,4 @@ async def _resume(coro: Coroutine[Any, Any, T], yielded: Any) -> T:
         try:
             yielded = coro.send(None)
         except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
+            return cast(T, done.value)

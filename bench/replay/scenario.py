@@ -60,11 +60,8 @@ class ReplayPlan:
 def _tier_of(r: TraceRequest, tenants: TenantsConfig | None) -> str:
     if r.tier is not None:
         return r.tier
-    if tenants is not None:
-        for t in tenants.tenants:
-            if t.id == r.tenant:
-                return t.tier
-    return DEFAULT_TIER
+    tenant = tenants.tenant(r.tenant) if tenants is not None else None
+    return tenant.tier if tenant is not None else DEFAULT_TIER
 
 
 def plan_replay(

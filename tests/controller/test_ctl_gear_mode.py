@@ -68,9 +68,10 @@ def gears(
     )  # fmt: skip
 
 
-async def run(g: GearModes, clock: ManualClock, ticks: int, **w0: object) -> None:
+async def run(g: GearModes, clock: ManualClock, ticks: int, *, in_flight: float = 0.0, fresh: bool = True) -> None:
+    """``ticks`` ticks 2 s apart: w0 with ``in_flight`` sequences (``fresh`` metrics), w1 where off does not pay."""
     for _ in range(ticks):
-        await g.tick([obs("w0", **w0), obs("w1", off_pays=False)])  # type: ignore[arg-type]
+        await g.tick([obs("w0", in_flight=in_flight, fresh=fresh), obs("w1", off_pays=False)])
         clock.advance(2.0)
 
 

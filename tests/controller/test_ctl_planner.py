@@ -20,6 +20,7 @@ from controller.planner import (
 )
 from fleet.config import TierConfig
 from fleet.perf import load_profile
+from fleet.plan import FleetPlan
 
 MI355X = load_profile("kimi-k3-dspark-mi355x-tp8")
 INTERACTIVE = TierConfig(priority=0, ttft_target_s=2.0, tpot_target_s=0.05)
@@ -35,9 +36,16 @@ def _random(rate: float) -> ClassLoad:
     return ClassLoad("batch/random", BATCH, rate, 1024, 800, prior_accepted_length(MI355X, "random", 1424))
 
 
-def _input(*classes: ClassLoad, workers: tuple[str, ...] = WORKERS, **extra: object) -> PlannerInput:
-    base = PlannerInput("kimi-k3", workers, MI355X, classes, now=1000.0, max_num_seqs=MI355X.serving.max_num_seqs)
-    return replace(base, **extra)  # type: ignore[arg-type]
+def _input(
+    *classes: ClassLoad,
+    workers: tuple[str, ...] = WORKERS,
+    current: FleetPlan | None = None,
+    current_since: float = 0.0,
+) -> PlannerInput:
+    return PlannerInput(
+        "kimi-k3", workers, MI355X, classes, now=1000.0, max_num_seqs=MI355X.serving.max_num_seqs,
+        current=current, current_since=current_since,
+    )  # fmt: skip
 
 
 def test_one_class_or_one_worker_is_one_pool_run_by_the_loops() -> None:
