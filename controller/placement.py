@@ -17,7 +17,7 @@ of a model are planned (the rest are routed on load alone). A model without ledg
 its own loop holds: stale metrics or no window yet, a KV, preemption or acceptance-collapse risk, a probe in
 progress or starting, a pending re-probe after a collapse, or — going up — less than the stabiliser's
 ``min_dwell_s`` since its last change (a safety fast-down is not undone at once). A pool without a k leaves the
-loop to choose, against the tightest TPOT target of the pool's tiers (``pool_tpot_target``). With one pool (one
+loop to choose, against the tightest TPOT target of the pool's tiers (``PoolPlan.tpot_target``). With one pool (one
 worker, or one class, or the planner keeping the fleet shared) every loop runs as without placement.
 """
 
@@ -44,9 +44,9 @@ from controller.planner import (
 from controller.policy import Decision, Risk
 from controller.stabiliser import Action, ActionKind, StabiliserState
 from fleet.clock import Clock
-from fleet.config import TenantsConfig, TierConfig
+from fleet.config import TenantsConfig
 from fleet.perf import Profile
-from fleet.plan import FleetPlan, PoolPlan, TrafficClass, class_tier, publish_plan, read_plans, traffic_class
+from fleet.plan import FleetPlan, PoolPlan, TrafficClass, publish_plan, read_plans, traffic_class
 from fleet.speculation import FullSpeed
 from fleet.store.protocol import Store, UsageRecord
 
@@ -105,12 +105,6 @@ def worker_gears(k_tiers: Iterable[int], k_max: int, full_speed: FullSpeed | Non
     batch (every tier when the worker advertises no restriction)."""
     fast = None if full_speed is None else {k for k, _, _ in full_speed}
     return tuple(sorted(k for k in set(k_tiers) if k <= k_max and (fast is None or k in fast)))
-
-
-def pool_tpot_target(pool: PoolPlan, tiers: Mapping[str, TierConfig]) -> float | None:
-    """The TPOT target ``pool`` protects, seconds: the tightest of its classes' tiers (None: none has one)."""
-    targets = [t.tpot_target_s for c in pool.classes if (t := tiers.get(class_tier(c))) and t.tpot_target_s]
-    return min(targets) if targets else None
 
 
 def obey_pool(
@@ -270,7 +264,7 @@ class FleetPlacement:
         found = self.pool_of(worker_id, model)
         if found is None or len(found[1].pools) < 2:
             return default
-        return pool_tpot_target(found[0], self.tenants.tiers)
+        return found[0].tpot_target(self.tenants.tiers)
 
     async def tick(self, samples: Sequence[WorkerSample]) -> None:
         """Plan and publish every model once ``period_s`` has passed since the last time (leader only)."""

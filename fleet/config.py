@@ -128,6 +128,16 @@ class FleetConfig(_Strict):
     def worker(self, worker_id: str) -> WorkerConfig | None:
         return next((w for w in self.workers if w.id == worker_id), None)
 
+    def profile_of(self, worker_id: str) -> str:
+        """The performance profile (a name or a YAML path) of ``worker_id``'s model; every worker names a known
+        model (validated above), so this never guesses. Raises ``KeyError`` for an unknown worker."""
+        worker = self.worker(worker_id)
+        if worker is None:
+            raise KeyError(worker_id)
+        model = self.model(worker.model)
+        assert model is not None  # _cross_check
+        return model.profile
+
 
 # ------------------------------------------------------------------------------------------- tenants file
 class SpeculationPreference(StrEnum):

@@ -20,7 +20,7 @@ from typing import Annotated, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from fleet.config import load_yaml, parse_model
+from fleet.config import FleetConfig, load_yaml, parse_model
 
 
 class _Strict(BaseModel):
@@ -320,6 +320,18 @@ def load_profile(name_or_path: str | Path) -> Profile:
     if not path.suffix:
         path = Path(str(resources.files("fleet.profiles").joinpath(f"{name_or_path}.yaml")))
     return parse_model(Profile, load_yaml(path), source=str(path))
+
+
+def worker_profiles(fleet: FleetConfig) -> dict[str, Profile]:
+    """Worker id → its model's profile (``FleetConfig.profile_of``), each profile file loaded once."""
+    loaded: dict[str, Profile] = {}
+    by_worker = {}
+    for w in fleet.workers:
+        name = fleet.profile_of(w.id)
+        if name not in loaded:
+            loaded[name] = load_profile(name)
+        by_worker[w.id] = loaded[name]
+    return by_worker
 
 
 def predict_step(

@@ -12,10 +12,12 @@ TTL, so that ``gearshift controller explain`` can still show a stale plan for wh
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Annotated, Final, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from fleet.config import TierConfig
 from fleet.store.protocol import Store
 
 log = logging.getLogger(__name__)
@@ -77,6 +79,11 @@ class PoolPlan(BaseModel):
     def serves(self, cls: TrafficClass) -> bool:
         """Whether this pool lists ``cls``, exactly or through its tier's ``"<tier>/*"``."""
         return cls in self.classes or f"{class_tier(cls)}/{ANY_WORKLOAD}" in self.classes
+
+    def tpot_target(self, tiers: Mapping[str, TierConfig]) -> float | None:
+        """The TPOT target this pool protects, seconds: the tightest of its classes' tiers (None: none has one)."""
+        targets = [t.tpot_target_s for c in self.classes if (t := tiers.get(class_tier(c))) and t.tpot_target_s]
+        return min(targets) if targets else None
 
 
 class FleetPlan(BaseModel):

@@ -32,8 +32,8 @@ from enum import StrEnum
 from typing import Final
 
 from fleet.config import FleetConfig, TenantConfig, TenantsConfig, TierConfig
-from fleet.perf import Profile, load_profile, predict_step
-from fleet.plan import FleetPlan, PoolPlan, class_tier
+from fleet.perf import Profile, predict_step, worker_profiles
+from fleet.plan import FleetPlan, PoolPlan
 from gateway.errors import InvalidRequest
 from gateway.metrics import GatewayMetrics
 from gateway.pool import WorkerView
@@ -64,12 +64,6 @@ class Placement(StrEnum):
     SPILL = "spill"
     SATURATED = "saturated"
     """Every candidate is at its cap: the home workers are kept and the overload gate waits for a slot."""
-
-
-def pool_tpot_target(pool: PoolPlan, tiers: Mapping[str, TierConfig]) -> float | None:
-    """The TPOT target ``pool`` protects, seconds: the tightest of its classes' tiers (None: none has one)."""
-    targets = [t.tpot_target_s for c in pool.classes if (t := tiers.get(class_tier(c))) and t.tpot_target_s]
-    return min(targets) if targets else None
 
 
 def predicted_tpot_s(worker: WorkerView, profile: Profile) -> float | None:
@@ -144,7 +138,7 @@ class PlacementFilter:
         return home or spill
 
     def _may_spill(self, ctx: RouteContext, plan: FleetPlan, worker: WorkerView, pool: PoolPlan) -> bool:
-        target = pool_tpot_target(pool, self._tiers)
+        target = pool.tpot_target(self._tiers)
         own = ctx.tier.tpot_target_s
         if target is None or (own is not None and own <= target):
             return True
@@ -157,12 +151,4 @@ def placement_filter(
     fleet: FleetConfig, tenants: TenantsConfig, *, metrics: GatewayMetrics | None = None
 ) -> PlacementFilter:
     """The filter for this fleet: each worker's profile from its model, the tiers from the tenants file."""
-    by_name: dict[str, Profile] = {}
-    profiles = {}
-    for w in fleet.workers:
-        model = fleet.model(w.model)
-        name = model.profile if model is not None else "kimi-k3-dspark-tp16"
-        if name not in by_name:
-            by_name[name] = load_profile(name)
-        profiles[w.id] = by_name[name]
-    return PlacementFilter(tiers=tenants.tiers, profiles=profiles, metrics=metrics)
+    return PlacementFilter(tiers=tenants.tiers, profiles=worker_profiles(fleet), metrics=metrics)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from fleet.config import FleetConfig, SpeculationPreference, TierConfig
-from fleet.perf import Profile, StepShape, load_profile, step_time
+from fleet.perf import Profile, StepShape, step_time, worker_profiles
 from fleet.plan import FleetPlan, TrafficClass
 from gateway.draining import NotDrainingFilter
 from gateway.pool import WorkerView
@@ -136,14 +136,12 @@ def prefill_rates(fleet: FleetConfig, *, override: float | None = None) -> dict[
     """Worker id → prefill rate (tokens per second): ``override`` when set, else from its model's profile."""
     if override is not None:
         return {w.id: override for w in fleet.workers}
-    by_profile: dict[str, float] = {}
+    by_profile: dict[int, float] = {}
     rates = {}
-    for w in fleet.workers:
-        model = fleet.model(w.model)
-        name = model.profile if model is not None else "kimi-k3-dspark-tp16"
-        if name not in by_profile:
-            by_profile[name] = profile_prefill_rate(load_profile(name))
-        rates[w.id] = by_profile[name]
+    for worker_id, profile in worker_profiles(fleet).items():
+        if id(profile) not in by_profile:
+            by_profile[id(profile)] = profile_prefill_rate(profile)
+        rates[worker_id] = by_profile[id(profile)]
     return rates
 
 

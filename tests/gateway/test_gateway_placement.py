@@ -15,7 +15,7 @@ from fleet.store.protocol import WorkerState
 from gateway.errors import InvalidRequest
 from gateway.metrics import GatewayMetrics
 from gateway.overload import free_slots
-from gateway.placement import PlacementFilter, placement_filter, pool_tpot_target, predicted_tpot_s, request_workload
+from gateway.placement import PlacementFilter, placement_filter, predicted_tpot_s, request_workload
 from gateway.pool import WorkerView
 from gateway.routing import RouteContext
 
@@ -132,8 +132,8 @@ async def test_a_saturated_pool_keeps_its_own_workers_and_their_free_slots_count
 
 def test_a_pools_target_is_the_tightest_of_its_tiers() -> None:
     plan = make_plan()
-    assert pool_tpot_target(plan.pools[0], TENANTS.tiers) == INTERACTIVE.tpot_target_s
-    assert pool_tpot_target(plan.pools[1], TENANTS.tiers) is None
+    assert plan.pools[0].tpot_target(TENANTS.tiers) == INTERACTIVE.tpot_target_s
+    assert plan.pools[1].tpot_target(TENANTS.tiers) is None
 
 
 def test_the_workload_comes_from_the_header_else_the_tenant() -> None:
