@@ -38,7 +38,7 @@ from bench.soak.client import StreamResult, stream_chat
 from fleet.config import FleetConfig, TenantsConfig, key_digest
 from fleet.store.protocol import UsageRecord
 from fleet.store.redis import RedisStore
-from gateway.body import BodyRules, parse_completion
+from gateway.upstream.body import BodyRules, parse_completion
 
 MODEL = "kimi-k3"
 PEPPER = "limits-bench-pepper"
@@ -225,7 +225,7 @@ async def _measure(
 
 
 def _estimate_prompt() -> int:
-    """The gateway's prompt estimate of the bench's one message (``gateway.body``'s rule, default settings)."""
+    """The gateway's prompt estimate of the bench's one message (``gateway.upstream.body``'s rule, default settings)."""
     return parse_completion(orjson.dumps(_chat(1)), prompt_field="messages", rules=BodyRules()).prompt_tokens
 
 

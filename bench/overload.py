@@ -1,5 +1,5 @@
 """``gearshift bench overload``: TTFT per tier under overload, with and without the gateway's overload control
-(``gateway.overload``) → ``docs/benchmarks/overload.md``.
+(``gateway.intake.overload``) → ``docs/benchmarks/overload.md``.
 
 A real gateway (``GatewayServer`` on loopback, in this process) sends streams to one ``SlotWorker``: an aiohttp
 fake of a vLLM engine with ``slots`` batch slots and first-come-first-served scheduling (vLLM's default

@@ -1,10 +1,10 @@
 """``gearshift bench prefix``: multi-turn agentic sessions with and without the gateway's prefix affinity
-(``gateway.prefix``) → ``docs/benchmarks/prefix.md`` + ``prefix.png``.
+(``gateway.routing.prefix``) → ``docs/benchmarks/prefix.md`` + ``prefix.png``.
 
 Simulated workers (the default profile, the recipe's ``max_num_seqs``, prefix caching on: ``workers.sim.prefix_cache``)
 run in virtual time under ``workers.sim.sessions.SessionLoad``: closed-loop sessions whose turns extend the previous
 prompt and answer, all sharing one system prompt. Each arrival is routed by the gateway's own router
-(``gateway.routing.default_router`` with the gateway's default weights, no controller, so every worker runs at its
+(``gateway.routing.router.default_router`` with the gateway's default weights, no controller, so every worker runs at its
 start-up k) fed the same views the gateway builds: in-flight requests and outstanding prompt tokens per worker. The
 arms differ only in the prefix scorer:
 
@@ -33,9 +33,9 @@ from fleet.clock import ManualClock
 from fleet.config import FleetConfig, ModelConfig, TierConfig, WorkerConfig
 from fleet.perf import load_profile
 from fleet.stats import percentile
-from gateway.pool import WorkerView
-from gateway.prefix import PrefixIndex, PrefixScorer
-from gateway.routing import RouteContext, Router, default_router, prefill_rates
+from gateway.routing.pool import WorkerView
+from gateway.routing.prefix import PrefixIndex, PrefixScorer
+from gateway.routing.router import RouteContext, Router, default_router, prefill_rates
 from gateway.settings import GatewaySettings
 from workers.sim.arrivals import RequestSpec
 from workers.sim.records import RunRecords

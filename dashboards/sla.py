@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from fleet.config import TenantsConfig
-from gateway.metrics import TPOT, TTFT, GatewayMetrics
+from gateway.usage.metrics import TPOT, TTFT, GatewayMetrics
 
 WINDOWS = ("5m", "30m", "1h", "6h")
 GOOD = "gearshift:tier_sla_good:ratio_rate{window}"

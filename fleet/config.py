@@ -39,7 +39,7 @@ class DrafterConfig(_Strict):
 
 
 class PricingConfig(_Strict):
-    """Prompt-token prices a model's requests pay on top of the work they cost (``gateway.metering``)."""
+    """Prompt-token prices a model's requests pay on top of the work they cost (``gateway.usage.metering``)."""
 
     prompt_usd_per_mtok: Annotated[float, Field(ge=0)] = 0.0
     """USD per million prompt tokens the worker prefilled; 0 charges the work cost alone."""

@@ -1,6 +1,6 @@
 """A worker's mode (the drafter-free gear, issue 14): whether it runs with its drafter, and where it is on the
 way between the two. The controller (``controller.gear_mode``) writes one record per worker to the store's
-generic documents (collection ``worker-modes``); the gateway reads them (``gateway.draining``) and sends no new
+generic documents (collection ``worker-modes``); the gateway reads them (``gateway.routing.draining``) and sends no new
 request to a worker that is draining or restarting, while the requests it already has finish.
 
 A move is: ``serving`` → ``draining`` (no new requests) → ``restarting`` (the worker restarts in the other mode;

@@ -17,7 +17,7 @@ from http import HTTPStatus
 import orjson
 from starlette.responses import Response
 
-from gateway.metrics import GatewayMetrics
+from gateway.usage.metrics import GatewayMetrics
 
 log = logging.getLogger(__name__)
 

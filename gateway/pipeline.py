@@ -19,22 +19,23 @@ from starlette.responses import Response
 from starlette.types import Receive, Send
 
 from fleet.plan import traffic_class
-from gateway import errors, relay
-from gateway import tracing as attr
-from gateway.admission import Ticket
-from gateway.auth import Principal
-from gateway.body import CompletionRequest, parse_completion
-from gateway.core import Gateway
-from gateway.metering import usage_record
-from gateway.placement import request_workload
-from gateway.pool import WorkerView
-from gateway.prefix import request_blocks
-from gateway.responses import ResponsesStreamMeter, parse_responses
-from gateway.responses import error_event as responses_error_event
-from gateway.routing import RouteContext
-from gateway.session import request_session
-from gateway.sse import DONE, StreamMeter, Usage
-from gateway.upstream import Hold
+from gateway import errors
+from gateway.intake.admission import Ticket
+from gateway.intake.auth import Principal
+from gateway.intake.session import request_session
+from gateway.routing.placement import request_workload
+from gateway.routing.pool import WorkerView
+from gateway.routing.prefix import request_blocks
+from gateway.routing.router import RouteContext
+from gateway.upstream import relay
+from gateway.upstream.body import CompletionRequest, parse_completion
+from gateway.upstream.client import Hold
+from gateway.upstream.responses import ResponsesStreamMeter, parse_responses
+from gateway.upstream.responses import error_event as responses_error_event
+from gateway.upstream.sse import DONE, StreamMeter, Usage
+from gateway.usage import tracing as attr
+from gateway.usage.metering import usage_record
+from gateway.wiring import Gateway
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +50,7 @@ class Endpoint:
 CHAT = Endpoint("/v1/chat/completions", "messages", "chat")
 TEXT = Endpoint("/v1/completions", "prompt", "text_completion")
 RESPONSES = Endpoint("/v1/responses", "input", "chat")
-"""OpenAI's Responses API (``gateway.responses``): its own body and event stream."""
+"""OpenAI's Responses API (``gateway.upstream.responses``): its own body and event stream."""
 
 _DONE_EVENT = DONE + b"\n\n"
 _NO_SPAN: AbstractContextManager[Span] = contextlib.nullcontext(trace.INVALID_SPAN)
@@ -70,7 +71,7 @@ async def complete(
     session_header: str | None = None,
 ) -> Response | None:
     """Serve one completion request whose body ``raw`` has been read (``workload_header``: its
-    ``x-gearshift-workload``, see ``gateway.placement``; ``session_header``: its ``x-gearshift-session``).
+    ``x-gearshift-workload``, see ``gateway.routing.placement``; ``session_header``: its ``x-gearshift-session``).
     Returns the whole answer for the caller to send, or None when the answer was streamed on ``send`` (its head
     carrying ``headers``); raises a ``GatewayError`` for an error to answer instead, never once a stream has
     started. ``started`` is the clock's
@@ -122,9 +123,9 @@ class Call:
 
     ticket: Ticket | None = None
     workload: str | None = None
-    """The request's workload hint (``gateway.placement.request_workload``)."""
+    """The request's workload hint (``gateway.routing.placement.request_workload``)."""
     session: str | None = None
-    """The client's session id (``gateway.session``), kept in the ledger for replays."""
+    """The client's session id (``gateway.intake.session``), kept in the ledger for replays."""
 
     def __init__(
         self,
@@ -198,7 +199,7 @@ class Call:
             return decision.ranked
 
     async def queue(self, ranked: list[WorkerView]) -> list[WorkerView]:
-        """Wait in the overload queue when no worker has headroom (``gateway.overload``; at once otherwise), then
+        """Wait in the overload queue when no worker has headroom (``gateway.intake.overload``; at once otherwise), then
         rank the workers again for the state the wait left."""
         gw, tier = self.gw, self.principal.tier
         waited = await gw.overload.enter(

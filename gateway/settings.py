@@ -48,17 +48,17 @@ class GatewaySettings(CommonSettings):
     ``gateway_replicas`` lowers it to 1/N by itself."""
     gateway_replicas: Annotated[int, Field(gt=0)] = 1
     """At least this many gateway replicas share the store. The count each uses while failing open is the larger
-    of this and the store's replica registry (``gateway.replicas``) as last seen: each enforces limit / count."""
+    of this and the store's replica registry (``gateway.intake.replicas``) as last seen: each enforces limit / count."""
     replica_heartbeat_s: Seconds = 2.0
     """How often this replica heartbeats into the replica registry (it counts for three intervals)."""
     spool_dir: Path | None = None
-    """Directory of the durable spool (``gateway.spool``): usage records and settlements the store cannot take are
+    """Directory of the durable spool (``gateway.usage.spool``): usage records and settlements the store cannot take are
     kept there and replayed when it is back, surviving a kill -9. One directory per replica (a second process on
     it is refused at start). None: ``$XDG_STATE_HOME/gearshift/gateway-<port>`` (``~/.local/state/…``) when the
     store is Redis; the in-memory store needs none. On Kubernetes, a volume (``deploy/kubernetes``)."""
     concurrency_grace_s: Annotated[float, Field(ge=0)] = 0.05
     """A concurrency refusal is retried once after this long: the slot may belong to the client's own request,
-    finished on another replica, whose settlement is still on its way to the store (``gateway.admission``)."""
+    finished on another replica, whose settlement is still on its way to the store (``gateway.intake.admission``)."""
     spool_max_bytes: Annotated[int, Field(gt=0)] = 256 * 1024 * 1024
     """Bound of the spool; when full, records wait in memory, ``gearshift_gateway_spool_full`` is 1 and an error
     is logged."""
@@ -104,7 +104,7 @@ class GatewaySettings(CommonSettings):
     """Chat-template tokens per message in that estimate. An estimate below the worker's real count lets a
     tenant pass its TPM by the difference, so err high: over-reservation is refunded."""
     tokens_per_image: Annotated[int, Field(ge=0)] = 1024
-    """Prompt tokens counted per image part in that estimate (``gateway.body.BodyRules.tokens_per_image``)."""
+    """Prompt tokens counted per image part in that estimate (``gateway.upstream.body.BodyRules.tokens_per_image``)."""
     max_messages: Annotated[int, Field(gt=0)] = 1024
     """Most messages (or completion prompts) in one request; more is a 400."""
     max_n: Annotated[int, Field(gt=0)] = 128
@@ -117,15 +117,15 @@ class GatewaySettings(CommonSettings):
     """OTLP/HTTP traces endpoint (for example ``http://collector:4318/v1/traces``); None turns tracing off."""
     service_name: str = "gearshift-gateway"
 
-    # TTFT-aware routing (gateway/routing.py, TtftScorer)
+    # TTFT-aware routing (gateway/routing/router.py, TtftScorer)
     weight_ttft: Weight = 1.0
     prefill_tokens_per_s: Annotated[float, Field(gt=0)] | None = None
     """A worker's prefill rate, tokens per second, for the predicted TTFT; None takes it from each worker's
-    model profile (its chunked-prefill step, ``gateway.routing.profile_prefill_rate``)."""
+    model profile (its chunked-prefill step, ``gateway.routing.router.profile_prefill_rate``)."""
     ttft_reference_s: Seconds = 2.0
     """The TTFT scale of the TTFT scorer for a tier without ``ttft_target_s``."""
 
-    # prefix affinity (gateway/prefix.py, PrefixScorer)
+    # prefix affinity (gateway/routing/prefix.py, PrefixScorer)
     weight_prefix: Weight = 2.0
     """Weight of the prefix scorer (0 turns prefix affinity off: no hashing, no index)."""
     prefix_block_chars: Annotated[int, Field(gt=0)] = 512
@@ -139,7 +139,7 @@ class GatewaySettings(CommonSettings):
     prefix_load_factor: Annotated[float, Field(ge=1)] = 2.0
     """Bounded load: affinity holds only while the worker's load is at most this × (the least loaded + 1)."""
 
-    # overload control (gateway/overload.py, gateway/fairqueue.py)
+    # overload control (gateway/intake/overload.py, gateway/intake/fairqueue.py)
     overload_control: bool = True
     """Queue requests in the gateway when no worker of the model has headroom; off sends every request on."""
     overload_max_occupancy: Annotated[float, Field(gt=0)] = 1.0
@@ -164,7 +164,7 @@ class GatewaySettings(CommonSettings):
     brownout_recover_s: Seconds = 30.0
     """Queue empty this long turns it off again."""
 
-    # the admin API and run-time tenants (gateway/http/tenants_admin.py, gateway/tenant_book.py)
+    # the admin API and run-time tenants (gateway/http/tenants_admin.py, gateway/intake/tenant_book.py)
     admin_keys: dict[Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")], SecretStr] = Field(default_factory=dict)
     """Further named admin keys, id → key (``GEARSHIFT_ADMIN_KEYS='{"alice": "…"}'``); the audit trail names the
     id of the key that made each change (``admin`` for ``GEARSHIFT_ADMIN_KEY``)."""

@@ -2,7 +2,7 @@
 (``controller.gear_mode`` over ``controller.drafter_free``'s rule) against the same controller without them.
 
 Workers start with their drafter, so k = 0 on them pays the profile's idle-drafter tax (``fleet.perf``). A move
-drains a worker through the gateway's own draining filter (the lab routes with ``gateway.routing``), then
+drains a worker through the gateway's own draining filter (the lab routes with ``gateway.routing.router``), then
 restarts it: the worker takes no step for the profile's ``serving.restart_s`` of virtual time and comes back
 with a fresh speculation control (k_max 0 without the drafter), as a restarted vLLM would. The scenarios
 (``bench/policy/drafter_free_scenarios/``) last hours of virtual time, with long stretches where k = 0 is best.

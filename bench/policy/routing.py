@@ -1,4 +1,4 @@
-"""The gateway's routing (``gateway.routing.default_router``: filters → weighted scorers → pick) driving the
+"""The gateway's routing (``gateway.routing.router.default_router``: filters → weighted scorers → pick) driving the
 virtual lab's request placement, so multi-worker scenarios are routed as the gateway would route them.
 
 Each arrival builds the gateway's view of every worker: its configuration, the requests outstanding on it
@@ -7,7 +7,7 @@ gateway's outstanding prefill estimate), and the state the controller last publi
 policies, where the scorers fall back to least-loaded, exactly as the gateway does with no controller).
 
 With a placement (``Placement``, from a policy that places traffic: ``bench.policy.fleet_placement``) the
-router follows it. A plan's routing (``shares`` None) is the gateway's own: its ``gateway.placement``
+router follows it. A plan's routing (``shares`` None) is the gateway's own: its ``gateway.routing.placement``
 filter (the class's pool, else one-way spill bounded by SLA headroom, a stale plan ignored) runs first among
 the filters, on a ``RouteContext`` carrying the request's class and the plan, exactly as in the gateway. A
 static placement (``shares`` set) narrows the workers to one of the class's pools first, drawn by the fixed
@@ -29,9 +29,9 @@ from fleet.perf import Profile
 from fleet.plan import FleetPlan, TrafficClass, traffic_class
 from fleet.store.protocol import WorkerState
 from fleet.worker_mode import WorkerMode
-from gateway.placement import PlacementFilter, placement_filter
-from gateway.pool import WorkerView
-from gateway.routing import RouteContext, default_router
+from gateway.routing.placement import PlacementFilter, placement_filter
+from gateway.routing.pool import WorkerView
+from gateway.routing.router import RouteContext, default_router
 from gateway.settings import GatewaySettings
 from workers.sim.arrivals import RequestSpec
 from workers.sim.virtual import Router, VirtualWorker

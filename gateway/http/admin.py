@@ -1,5 +1,5 @@
 """The admin API (its own keys): create, list and revoke tenant API keys; read any tenant's usage; set the
-brownout switch. Each change goes to the audit trail (``gateway.audit``); tenants themselves are
+brownout switch. Each change goes to the audit trail (``gateway.usage.audit``); tenants themselves are
 ``gateway.http.tenants_admin``'s."""
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ from fastapi import APIRouter, Query
 from pydantic import BaseModel, ConfigDict, Field
 
 from fleet.store.protocol import ApiKeyRecord
-from gateway import audit
-from gateway.brownout import Mode
-from gateway.core import Gateway
 from gateway.errors import InvalidRequest, NotFound
 from gateway.http.deps import AdminDep, GatewayDep
 from gateway.http.openapi import ERROR_RESPONSES
 from gateway.http.usage import ledger_page, usage_report
+from gateway.intake.brownout import Mode
+from gateway.usage import audit
+from gateway.wiring import Gateway
 
 router = APIRouter(prefix="/admin/v1", responses=ERROR_RESPONSES)
 

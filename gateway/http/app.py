@@ -20,15 +20,15 @@ from fleet.clock import Clock
 from fleet.config import FleetConfig, TenantsConfig
 from fleet.store.protocol import Store
 from gateway import errors
-from gateway.core import running_gateway
 from gateway.http.admin import router as admin_router
 from gateway.http.entry import GatewayApp
 from gateway.http.openapi import install_openapi
 from gateway.http.ops import router as ops_router
 from gateway.http.tenant import router as tenant_router
 from gateway.http.tenants_admin import router as tenants_admin_router
-from gateway.metrics import GatewayMetrics
 from gateway.settings import GatewaySettings
+from gateway.usage.metrics import GatewayMetrics
+from gateway.wiring import running_gateway
 
 log = logging.getLogger(__name__)
 

@@ -7,9 +7,9 @@ from typing import Annotated, cast
 from fastapi import Depends, Request
 
 from fleet.bearer import bearer_matches
-from gateway.auth import Principal, presented_secret
-from gateway.core import Gateway
 from gateway.errors import AuthenticationFailed
+from gateway.intake.auth import Principal, presented_secret
+from gateway.wiring import Gateway
 
 
 # Every dependency is ``async def``: FastAPI runs plain ``def`` dependencies in a thread pool, which would cost a

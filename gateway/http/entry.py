@@ -22,10 +22,10 @@ from fastapi import FastAPI
 from starlette.types import Message, Receive, Scope, Send
 
 from gateway import errors
-from gateway.core import Gateway
+from gateway.intake.session import SESSION_HEADER
 from gateway.pipeline import CHAT, RESPONSES, TEXT, Endpoint, complete
-from gateway.placement import WORKLOAD_HEADER
-from gateway.session import SESSION_HEADER
+from gateway.routing.placement import WORKLOAD_HEADER
+from gateway.wiring import Gateway
 
 log = logging.getLogger(__name__)
 

@@ -100,7 +100,7 @@ RESPONSES_BODY = {
         },
     }
 }
-"""OpenAI's Responses API body (``gateway.responses``): the fields the gateway reads and the common ones."""
+"""OpenAI's Responses API body (``gateway.upstream.responses``): the fields the gateway reads and the common ones."""
 
 
 EXAMPLES = {

@@ -8,8 +8,8 @@ from fastapi import APIRouter
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.responses import JSONResponse, Response
 
-from gateway.core import Gateway
 from gateway.http.deps import GatewayDep
+from gateway.wiring import Gateway
 
 router = APIRouter()
 

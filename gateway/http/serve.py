@@ -18,10 +18,10 @@ from opentelemetry.sdk.trace.export import SpanExporter
 from fleet.clock import Clock
 from fleet.config import FleetConfig, TenantsConfig
 from fleet.store.protocol import Store
-from gateway.core import Gateway
 from gateway.http.app import create_app
 from gateway.http.protocol import guarded_protocol
 from gateway.settings import GatewaySettings
+from gateway.wiring import Gateway
 
 _START_TIMEOUT_S = 30.0
 

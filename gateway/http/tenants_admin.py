@@ -2,8 +2,8 @@
 delete tenants, reset a budget, and read the audit trail of every admin change.
 
 A body is validated as the tenants file is (``fleet.config.TenantConfig``; an error names the field), the
-change is stored for every replica (``gateway.tenant_book``), and the admin key's id, the action and the time go
-to the audit trail (``gateway.audit``). Precedence over the file is ``fleet.tenants``'.
+change is stored for every replica (``gateway.intake.tenant_book``), and the admin key's id, the action and the time go
+to the audit trail (``gateway.usage.audit``). Precedence over the file is ``fleet.tenants``'.
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from pydantic import BaseModel, ValidationError
 
 from fleet.config import ConfigError, TenantConfig, parse_model
 from fleet.store.keys import spend_key
-from gateway import audit
-from gateway.core import Gateway
 from gateway.errors import Conflict, InvalidRequest, NotFound
 from gateway.http.deps import AdminDep, GatewayDep
 from gateway.http.openapi import ERROR_RESPONSES, ErrorBody
+from gateway.usage import audit
+from gateway.wiring import Gateway
 
 router = APIRouter(
     prefix="/admin/v1",

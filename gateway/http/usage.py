@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.core import Gateway
 from gateway.errors import InvalidRequest
+from gateway.wiring import Gateway
 
 DEFAULT_RANGE_S = 24 * 3600.0
 

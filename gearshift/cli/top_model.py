@@ -16,7 +16,7 @@ from fleet.config import FleetConfig, TenantsConfig
 from fleet.scrape import WorkerScrape, exposition_samples
 from fleet.store.protocol import WorkerState
 from fleet.worker_mode import Mode, Phase, WorkerMode
-from gateway import metrics as gm
+from gateway.usage import metrics as gm
 
 
 @dataclass(frozen=True)

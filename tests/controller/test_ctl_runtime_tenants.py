@@ -16,7 +16,7 @@ from fleet.perf import Profile
 from fleet.store.memory import MemoryStore
 from fleet.store.protocol import Store
 from fleet.store.redis import RedisStore
-from gateway.tenant_book import TenantBook
+from gateway.intake.tenant_book import TenantBook
 from workers.sim.arrivals import Lengths, Phase, PhasedLoad, WorkloadMix
 from workers.sim.virtual import VirtualLab, make_worker
 

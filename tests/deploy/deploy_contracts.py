@@ -210,7 +210,7 @@ def _families() -> Iterator[tuple[str, str]]:
 
     from controller.metrics import ControllerMetrics
     from fleet.speculation import SpeculationControl, uniform_schedule
-    from gateway.metrics import GatewayMetrics
+    from gateway.usage.metrics import GatewayMetrics
     from workers.sim.exposition import render
     from workers.sim.stats import EngineStats
 

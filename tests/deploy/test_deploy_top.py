@@ -25,8 +25,8 @@ from fleet.scrape import parse_worker_metrics
 from fleet.store.memory import MemoryStore
 from fleet.store.protocol import WorkerState
 from gateway.http.serve import GatewayServer
-from gateway.metrics import GatewayMetrics
 from gateway.settings import GatewaySettings
+from gateway.usage.metrics import GatewayMetrics
 from gearshift.cli.top import GatewayAdminStates, StoreStates, render
 from gearshift.cli.top_model import Snapshot, WorkerSample, histogram_quantile, parse_gateway, tenant_rows, worker_rows
 from workers.sim.server import SimServer

@@ -14,8 +14,8 @@ from bench.procs import free_port
 from fleet.clock import SystemClock
 from fleet.config import TenantConfig
 from fleet.store.memory import MemoryStore
+from gateway.intake.tenant_book import TenantBook
 from gateway.settings import GatewaySettings
-from gateway.tenant_book import TenantBook
 from gearshift.cli.top import GatewayAdminStates, StoreStates, run_top
 from tests.gateway.harness import ADMIN_KEY, PEPPER, make_fleet, make_tenants, serve_gateway
 

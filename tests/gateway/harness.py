@@ -20,9 +20,9 @@ from fleet.clock import Clock, SystemClock
 from fleet.config import FleetConfig, TenantsConfig, key_digest
 from fleet.store.memory import MemoryStore
 from fleet.store.protocol import Store
-from gateway.core import Gateway
 from gateway.http.serve import GatewayServer
 from gateway.settings import GatewaySettings
+from gateway.wiring import Gateway
 
 
 # ------------------------------------------------------------------------------------------- fake worker

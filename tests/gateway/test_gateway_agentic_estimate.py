@@ -11,12 +11,12 @@ import orjson
 import pytest
 
 from fleet.config import TierConfig
-from gateway.body import BodyRules, parse_completion
-from gateway.brownout import cap_max_tokens
 from gateway.errors import InvalidRequest, UpstreamFailed
-from gateway.metrics import GatewayMetrics
-from gateway.responses import ResponsesStreamMeter, error_event, parse_responses
-from gateway.sse import Usage
+from gateway.intake.brownout import cap_max_tokens
+from gateway.upstream.body import BodyRules, parse_completion
+from gateway.upstream.responses import ResponsesStreamMeter, error_event, parse_responses
+from gateway.upstream.sse import Usage
+from gateway.usage.metrics import GatewayMetrics
 
 RULES = BodyRules(chars_per_token=4, tokens_per_message=4, tokens_per_image=700, default_max_tokens=64)
 TOOLS = [

@@ -11,10 +11,10 @@ import pytest
 from fleet.clock import ManualClock
 from fleet.store.memory import MemoryStore
 from fleet.store.protocol import Admission, Limit
-from gateway.admission import Admitter
 from gateway.errors import RateLimited
-from gateway.metrics import GatewayMetrics
-from gateway.replicas import ReplicaRegistry
+from gateway.intake.admission import Admitter
+from gateway.intake.replicas import ReplicaRegistry
+from gateway.usage.metrics import GatewayMetrics
 
 from .harness import make_fleet, make_tenants, serve_gateway
 

@@ -15,15 +15,15 @@ from fleet.config import TierConfig
 from fleet.perf import load_profile
 from fleet.store.memory import MemoryStore
 from fleet.store.protocol import WorkerState
-from gateway.body import parse_completion
-from gateway.brownout import Brownout, cap_max_tokens
 from gateway.errors import FleetOverloaded, Shed
-from gateway.fairqueue import Entry, FairQueue
-from gateway.metrics import GatewayMetrics
-from gateway.overload import OverloadGate, free_slots
-from gateway.pool import WorkerPool, WorkerView
-from gateway.routing import RouteContext, TtftScorer, prefill_rates, profile_prefill_rate
+from gateway.intake.brownout import Brownout, cap_max_tokens
+from gateway.intake.fairqueue import Entry, FairQueue
+from gateway.intake.overload import OverloadGate, free_slots
+from gateway.routing.pool import WorkerPool, WorkerView
+from gateway.routing.router import RouteContext, TtftScorer, prefill_rates, profile_prefill_rate
 from gateway.settings import GatewaySettings
+from gateway.upstream.body import parse_completion
+from gateway.usage.metrics import GatewayMetrics
 
 from .harness import MODEL, make_fleet
 

@@ -13,7 +13,7 @@ import httpx
 
 from fleet.config import FleetConfig, TenantsConfig, key_digest
 from fleet.store.protocol import SlotLimit
-from gateway.overload import SHED_REASONS
+from gateway.intake.overload import SHED_REASONS
 
 from .harness import KEYS, MODEL, PEPPER, StartUpstreams, eventually, serve_gateway
 

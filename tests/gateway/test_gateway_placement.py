@@ -1,4 +1,4 @@
-"""Placement routing (``gateway.placement``): pools, one-way spill-over bounded by SLA headroom, caps, stale
+"""Placement routing (``gateway.routing.placement``): pools, one-way spill-over bounded by SLA headroom, caps, stale
 plans, and the workload hint through a real gateway."""
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from fleet.plan import FleetPlan, publish_plan, traffic_class
 from fleet.store.memory import MemoryStore
 from fleet.store.protocol import WorkerState
 from gateway.errors import InvalidRequest
-from gateway.metrics import GatewayMetrics
-from gateway.overload import free_slots
-from gateway.placement import PlacementFilter, placement_filter, predicted_tpot_s, request_workload
-from gateway.pool import WorkerView
-from gateway.routing import RouteContext
+from gateway.intake.overload import free_slots
+from gateway.routing.placement import PlacementFilter, placement_filter, predicted_tpot_s, request_workload
+from gateway.routing.pool import WorkerView
+from gateway.routing.router import RouteContext
+from gateway.usage.metrics import GatewayMetrics
 
 from .harness import MODEL, StartUpstreams, eventually, make_fleet, make_tenants, serve_gateway
 

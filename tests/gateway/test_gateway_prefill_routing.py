@@ -9,8 +9,8 @@ import random
 import pytest
 
 from fleet.config import SpeculationPreference, TierConfig
-from gateway.pool import WorkerView
-from gateway.routing import DEFAULT_PREFILL_TOKENS_PER_SLOT, QueueScorer, RouteContext, default_router
+from gateway.routing.pool import WorkerView
+from gateway.routing.router import DEFAULT_PREFILL_TOKENS_PER_SLOT, QueueScorer, RouteContext, default_router
 from gateway.settings import GatewaySettings
 
 from .harness import MODEL, Mode, StartUpstreams, eventually, make_fleet, make_tenants, serve_gateway

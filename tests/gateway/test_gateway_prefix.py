@@ -14,11 +14,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fleet.config import FleetConfig, PricingConfig, SpeculationPreference, TierConfig, WorkerConfig
 from fleet.store.protocol import WorkerState
-from gateway.metering import request_cost
-from gateway.pool import WorkerView
-from gateway.prefix import PrefixIndex, PrefixScorer, block_hashes, prompt_text, request_blocks
-from gateway.routing import RouteContext, default_router
-from gateway.sse import StreamMeter, usage_of
+from gateway.routing.pool import WorkerView
+from gateway.routing.prefix import PrefixIndex, PrefixScorer, block_hashes, prompt_text, request_blocks
+from gateway.routing.router import RouteContext, default_router
+from gateway.upstream.sse import StreamMeter, usage_of
+from gateway.usage.metering import request_cost
 from workers.sim.server import SimServer
 from workers.sim.settings import SimWorkerSettings
 

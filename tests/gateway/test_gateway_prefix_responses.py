@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.prefix import block_hashes, prompt_text, request_blocks
+from gateway.routing.prefix import block_hashes, prompt_text, request_blocks
 
 from .harness import MODEL
 

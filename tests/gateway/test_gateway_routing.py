@@ -9,8 +9,8 @@ import pytest
 
 from fleet.config import SpeculationPreference, TierConfig
 from fleet.store.protocol import WorkerState
-from gateway.pool import WorkerView
-from gateway.routing import (
+from gateway.routing.pool import WorkerView
+from gateway.routing.router import (
     KvCacheScorer,
     QueueScorer,
     RouteContext,

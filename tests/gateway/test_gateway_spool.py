@@ -16,10 +16,10 @@ from fleet.clock import ManualClock, SystemClock
 from fleet.store.memory import MemoryStore
 from fleet.store.protocol import UsageRecord
 from fleet.store.redis import RedisStore
-from gateway.metering import LedgerWriter
-from gateway.metrics import GatewayMetrics
 from gateway.settings import GatewaySettings
-from gateway.spool import Spool
+from gateway.usage.metering import LedgerWriter
+from gateway.usage.metrics import GatewayMetrics
+from gateway.usage.spool import Spool
 
 from .harness import eventually
 
@@ -147,9 +147,9 @@ _CHILD = textwrap.dedent(
     from pathlib import Path
     from fleet.clock import SystemClock
     from fleet.store.redis import RedisStore
-    from gateway.metering import LedgerWriter
-    from gateway.metrics import GatewayMetrics
-    from gateway.spool import Spool
+    from gateway.usage.metering import LedgerWriter
+    from gateway.usage.metrics import GatewayMetrics
+    from gateway.usage.spool import Spool
     from tests.gateway.test_gateway_spool import record
 
     async def main() -> None:

@@ -9,7 +9,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.settings import GatewaySettings
-from gateway.tracing import build_tracing
+from gateway.usage.tracing import build_tracing
 
 from .harness import MODEL, StartUpstreams, make_fleet, make_tenants, serve_gateway
 

@@ -14,9 +14,6 @@ from hypothesis import strategies as st
 from fleet.clock import ManualClock
 from fleet.store.memory import MemoryStore
 from fleet.store.protocol import ApiKeyRecord, UsageRecord, WorkerState
-from gateway.admission import Admitter, reason_of
-from gateway.auth import KeyRing
-from gateway.body import BodyRules, parse_completion
 from gateway.errors import (
     AuthenticationFailed,
     ClientDisconnected,
@@ -27,12 +24,15 @@ from gateway.errors import (
     from_worker,
     render,
 )
-from gateway.metering import LedgerWriter, request_cost
-from gateway.metrics import GatewayMetrics
-from gateway.pool import WorkerPool, WorkerView
-from gateway.relay import DisconnectGuard
-from gateway.sse import StreamMeter
-from gateway.upstream import Hold
+from gateway.intake.admission import Admitter, reason_of
+from gateway.intake.auth import KeyRing
+from gateway.routing.pool import WorkerPool, WorkerView
+from gateway.upstream.body import BodyRules, parse_completion
+from gateway.upstream.client import Hold
+from gateway.upstream.relay import DisconnectGuard
+from gateway.upstream.sse import StreamMeter
+from gateway.usage.metering import LedgerWriter, request_cost
+from gateway.usage.metrics import GatewayMetrics
 
 from .harness import KEYS, MODEL, PEPPER, make_fleet, make_settings, make_tenants
 

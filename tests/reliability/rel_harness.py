@@ -21,9 +21,9 @@ from fleet.config import FleetConfig, TenantsConfig, key_digest
 from fleet.store.memory import MemoryStore
 from fleet.store.protocol import Store
 from fleet.store.redis import RedisStore
-from gateway.core import Gateway
 from gateway.http.serve import GatewayServer
 from gateway.settings import GatewaySettings
+from gateway.wiring import Gateway
 
 PEPPER = "rel-pepper-3f9c"
 ADMIN_KEY = "rel-admin-key-77b1"

@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from bench.procs import Proc, start_gateway, start_redis
 from bench.soak.client import StreamResult, stream_chat
 from fleet.store.redis import RedisStore
-from gateway.metrics import LEDGER_BACKLOG
+from gateway.usage.metrics import LEDGER_BACKLOG
 
 from .rel_harness import KEYS, chat, eventually, fleet_of, tenants_of, write_env
 from .rel_types import StartRedis, StartSims

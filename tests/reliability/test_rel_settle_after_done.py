@@ -16,9 +16,9 @@ from bench.soak.client import stream_chat
 from fleet.clock import SystemClock
 from fleet.store.memory import MemoryStore
 from fleet.store.protocol import Settlement
-from gateway.admission import Admitter
 from gateway.errors import RateLimited
-from gateway.metrics import GatewayMetrics
+from gateway.intake.admission import Admitter
+from gateway.usage.metrics import GatewayMetrics
 
 from .rel_harness import KEYS, chat, fleet_of, live_gateway, redis_replicas, tenants_of
 

@@ -18,8 +18,8 @@ from typing import Protocol
 from fleet.config import FleetConfig, SpeculationPreference, TierConfig
 from fleet.perf import Profile, StepShape, step_time, worker_profiles
 from fleet.plan import FleetPlan, TrafficClass
-from gateway.draining import NotDrainingFilter
-from gateway.pool import WorkerView
+from gateway.routing.draining import NotDrainingFilter
+from gateway.routing.pool import WorkerView
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,9 +33,9 @@ class RouteContext:
     traffic_class: TrafficClass | None = None
     """``"<tier>/<workload>"`` (``fleet.plan.traffic_class``); None: unknown (placement keeps every worker)."""
     plan: FleetPlan | None = None
-    """The latest fleet plan the gateway read for ``model``, fresh or not (``gateway.placement`` checks)."""
+    """The latest fleet plan the gateway read for ``model``, fresh or not (``gateway.routing.placement`` checks)."""
     prefix_blocks: tuple[int, ...] = ()
-    """Chained hashes of the prompt's leading blocks, computed once per request (``gateway.prefix``)."""
+    """Chained hashes of the prompt's leading blocks, computed once per request (``gateway.routing.prefix``)."""
 
 
 class Filter(Protocol):
@@ -315,8 +315,8 @@ def default_router(
     rng: random.Random | None = None,
 ) -> Router:
     """The gateway's router; ``weight_ttft`` 0 (the default here) leaves the TTFT scorer out, and ``placement``
-    (``gateway.placement.PlacementFilter``) None leaves routing on load alone; ``prefix``
-    (``gateway.prefix.PrefixScorer``) None leaves prefix affinity out."""
+    (``gateway.routing.placement.PlacementFilter``) None leaves routing on load alone; ``prefix``
+    (``gateway.routing.prefix.PrefixScorer``) None leaves prefix affinity out."""
     queue = QueueScorer(prefill_tokens_per_slot=prefill_tokens_per_slot)
     ttft = TtftScorer(rates=prefill_rates, reference_s=ttft_reference_s)
     return Router(
@@ -326,7 +326,7 @@ def default_router(
             (KvCacheScorer(), weight_kv),
             (SpeculationScorer(prefill_tokens_per_slot=prefill_tokens_per_slot), weight_speculation),
             (ttft, weight_ttft),
-            *([(prefix, weight_prefix)] if prefix is not None else []),  # gateway.prefix.PrefixScorer
+            *([(prefix, weight_prefix)] if prefix is not None else []),  # gateway.routing.prefix.PrefixScorer
         ],
         rng=rng,
     )

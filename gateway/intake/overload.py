@@ -1,10 +1,10 @@
 """Overload control: a bounded queue per model (its worker pool) in front of the workers, admitting a request
 to a worker only while the pool has headroom. The queue's policy — priority bands, deficit round robin
-between tenants, which request is refused — is ``gateway.fairqueue``; this module is the mechanism.
+between tenants, which request is refused — is ``gateway.intake.fairqueue``; this module is the mechanism.
 
 **Headroom.** A worker's free slots are ``ceil(max_occupancy · max_num_seqs − load − prefill_tokens /
 prefill_tokens_per_slot)`` (0 when that is ≤ 0, or when its published ``kv_usage ≥ overload_kv_threshold``),
-with ``load = max(published running + waiting, this gateway's in-flight)`` (``gateway.routing.load_of``) and
+with ``load = max(published running + waiting, this gateway's in-flight)`` (``gateway.routing.router.load_of``) and
 ``prefill_tokens`` this gateway's prompt tokens outstanding there — the queue scorer's occupancy, kept below
 ``overload_max_occupancy`` (and, for a worker in a pool of the fleet plan, below its ``max_concurrency``).
 A pool has headroom while the free slots of its healthy, non-ejected workers
@@ -27,7 +27,7 @@ may have come back (a first byte, the end of a call, a failed call) and on every
 Every 429 carries ``Retry-After`` and ``x-gearshift-limit: overload``, every 503 ``Retry-After``; the delay is the
 queue's predicted drain time, clamped to [1, 60] s.
 
-**Limits stay exact.** A request is admitted (``gateway.admission``) before it queues, so while queued it holds
+**Limits stay exact.** A request is admitted (``gateway.intake.admission``) before it queues, so while queued it holds
 its tenant's concurrency slot and its RPM/TPM reservation: a tenant's ``max_concurrency`` bounds what it has
 queued and running together. A refused request never reaches a worker: its ticket is settled with 0 tokens
 (the TPM reservation refunded, the slot released) by the pipeline's ``abandon`` and no usage record is written,
@@ -45,14 +45,14 @@ from types import TracebackType
 
 from fleet.clock import Clock
 from fleet.config import TierConfig
-from gateway.body import CompletionRequest
-from gateway.brownout import Brownout, cap_max_tokens
 from gateway.errors import FleetOverloaded, GatewayError, Shed
-from gateway.fairqueue import Entry, FairQueue
-from gateway.metrics import GatewayMetrics
-from gateway.pool import WorkerPool, WorkerView
-from gateway.routing import load_of
+from gateway.intake.brownout import Brownout, cap_max_tokens
+from gateway.intake.fairqueue import Entry, FairQueue
+from gateway.routing.pool import WorkerPool, WorkerView
+from gateway.routing.router import load_of
 from gateway.settings import GatewaySettings
+from gateway.upstream.body import CompletionRequest
+from gateway.usage.metrics import GatewayMetrics
 
 SHED_REASONS = ("predicted_ttft", "queue_full", "evicted", "ttft_target", "max_wait", "wait_timeout")
 """Every refusal reason (a bounded metric label)."""

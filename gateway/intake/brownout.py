@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Literal
 
 from fleet.config import TierConfig
-from gateway.body import CompletionRequest
+from gateway.upstream.body import CompletionRequest
 
 Mode = Literal["on", "off", "auto"]
 MODES: tuple[Mode, ...] = ("on", "off", "auto")
@@ -53,7 +53,7 @@ class Brownout:
 def cap_max_tokens(req: CompletionRequest, tier: TierConfig, *, default_max_tokens: int) -> bool:
     """Lower ``req``'s ``max_tokens`` (body and reservation) to the tier's ``brownout_max_tokens``; False when the
     tier has no cap or the request already asks for no more. The reservation shrinks by the completion tokens
-    taken off every choice of every prompt, as ``gateway.body`` reserved them."""
+    taken off every choice of every prompt, as ``gateway.upstream.body`` reserved them."""
     cap = tier.brownout_max_tokens
     asked = req.max_tokens if req.max_tokens is not None else default_max_tokens
     if cap is None or asked <= cap:

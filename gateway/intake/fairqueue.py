@@ -1,5 +1,5 @@
 """The overload queue's policy (pure: no clock, no asyncio): priority bands, fair sharing within a band, and
-which request is refused when the queue is full or a request waits too long. ``gateway.overload`` is the
+which request is refused when the queue is full or a request waits too long. ``gateway.intake.overload`` is the
 mechanism that drives it.
 
 - **Bands.** One band per tier priority (``TierConfig.priority``, lower is more important, like vLLM's

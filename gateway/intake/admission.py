@@ -25,7 +25,7 @@ from fleet.store.keys import spend_key
 from fleet.store.memory import MemoryStore
 from fleet.store.protocol import Admission, BudgetLimit, Limit, Settlement, SlotLimit, Store, UsageRecord, WindowLimit
 from gateway.errors import BudgetExceeded, RateLimited, StoreUnavailable
-from gateway.metrics import GatewayMetrics
+from gateway.usage.metrics import GatewayMetrics
 
 REASONS = ("rpm", "tpm", "concurrency", "budget")
 """Every admission-rejection reason (a bounded metric label)."""
@@ -96,7 +96,7 @@ class Admitter:
     (``finish``), and its cost as spent: the next ``admit`` of the same tenant frees those slots in the store
     first (``SlotLimit.releasing``) and counts that cost (``BudgetLimit.pending_usd``), so a sequential client at
     its concurrency limit whose next request reaches this replica is never refused for its own finished request.
-    The settlement itself goes to the store after the response (``gateway.metering.LedgerWriter``). Another
+    The settlement itself goes to the store after the response (``gateway.usage.metering.LedgerWriter``). Another
     replica sees the slot held until that settlement lands; a concurrency refusal is therefore retried once after
     ``concurrency_grace_s``, so across replicas a client is refused for its own finished request only when the
     settlement took longer than the grace to land after the response ended."""
@@ -116,7 +116,7 @@ class Admitter:
         self._metrics = metrics
         self._failure_mode = failure_mode
         self._local_share = local_share if callable(local_share) else _constant(local_share)
-        """The share of each limit enforced here during an outage (``gateway.replicas``: 1 / replicas)."""
+        """The share of each limit enforced here during an outage (``gateway.intake.replicas``: 1 / replicas)."""
         self._grace_s = concurrency_grace_s
         self._local = MemoryStore(clock=clock)
         self._releasing: dict[str, set[str]] = {}

@@ -15,22 +15,22 @@ from opentelemetry.sdk.trace.export import SpanExporter
 from fleet.clock import Clock
 from fleet.config import FleetConfig, TenantsConfig
 from fleet.store.protocol import Store
-from gateway.admission import Admitter
-from gateway.auth import KeyRing
-from gateway.body import BodyRules
-from gateway.metering import LedgerWriter
-from gateway.metrics import GatewayMetrics
-from gateway.overload import OverloadGate
-from gateway.placement import placement_filter
-from gateway.pool import WorkerPool
-from gateway.prefix import PrefixIndex, PrefixScorer
-from gateway.replicas import ReplicaRegistry
-from gateway.routing import Router, default_router, prefill_rates
+from gateway.intake.admission import Admitter
+from gateway.intake.auth import KeyRing
+from gateway.intake.overload import OverloadGate
+from gateway.intake.replicas import ReplicaRegistry
+from gateway.intake.tenant_book import TenantBook
+from gateway.routing.placement import placement_filter
+from gateway.routing.pool import WorkerPool
+from gateway.routing.prefix import PrefixIndex, PrefixScorer
+from gateway.routing.router import Router, default_router, prefill_rates
 from gateway.settings import GatewaySettings
-from gateway.spool import SettlementSpool, Spool
-from gateway.tenant_book import TenantBook
-from gateway.tracing import build_tracing
-from gateway.upstream import Upstream, new_session
+from gateway.upstream.body import BodyRules
+from gateway.upstream.client import Upstream, new_session
+from gateway.usage.metering import LedgerWriter
+from gateway.usage.metrics import GatewayMetrics
+from gateway.usage.spool import SettlementSpool, Spool
+from gateway.usage.tracing import build_tracing
 
 
 @dataclass
@@ -50,14 +50,14 @@ class Gateway:
     upstream: Upstream
     ledger: LedgerWriter
     tracer: trace.Tracer | None
-    """None when tracing is off (``gateway.tracing``)."""
+    """None when tracing is off (``gateway.usage.tracing``)."""
     body_rules: BodyRules
     replicas: ReplicaRegistry
     overload: OverloadGate
     tenant_book: TenantBook
     """The tenants file merged with the run-time changes; ``tenants`` is its set in force."""
     prefix: PrefixIndex | None = None
-    """Which workers recently served which prompt blocks (``gateway.prefix``); None with prefix affinity off."""
+    """Which workers recently served which prompt blocks (``gateway.routing.prefix``); None with prefix affinity off."""
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     def use_tenants(self, tenants: TenantsConfig) -> None:

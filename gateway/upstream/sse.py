@@ -46,7 +46,7 @@ def usage_of(obj: object) -> Usage | None:
     usage = obj.get("usage")
     if not isinstance(usage, dict):
         return None
-    if "input_tokens" in usage:  # the Responses API's names (``gateway.responses``)
+    if "input_tokens" in usage:  # the Responses API's names (``gateway.upstream.responses``)
         details = usage.get("input_tokens_details")
         prompt, completion = usage.get("input_tokens"), usage.get("output_tokens")
     else:

@@ -1,8 +1,8 @@
 """Metering: a request's cost and usage record, and the background writer that puts records in the ledger
-without making the client wait — and without losing them (a store outage spools them to disk, ``gateway.spool``).
+without making the client wait — and without losing them (a store outage spools them to disk, ``gateway.usage.spool``).
 
 **Tokens and latency.** Prompt and completion tokens come from the worker's usage block; a stream cut short
-before it counts the running usage its last chunks carried (``gateway.sse.StreamMeter``). TTFT is from the
+before it counts the running usage its last chunks carried (``gateway.upstream.sse.StreamMeter``). TTFT is from the
 request's arrival at the gateway to its first chunk, TPOT the time from the first to the last chunk over the
 completion tokens after the first (seconds per token: a chunk carries up to k + 1 tokens under speculation).
 
@@ -32,10 +32,10 @@ from typing import Generic, TypeVar
 from fleet.clock import Clock
 from fleet.config import PricingConfig
 from fleet.store.protocol import Settlement, Store, UsageRecord
-from gateway.metrics import GatewayMetrics
-from gateway.pool import WorkerView
-from gateway.spool import JsonlSpool, SettlementSpool, Spool
-from gateway.sse import StreamMeter, Usage
+from gateway.routing.pool import WorkerView
+from gateway.upstream.sse import StreamMeter, Usage
+from gateway.usage.metrics import GatewayMetrics
+from gateway.usage.spool import JsonlSpool, SettlementSpool, Spool
 
 log = logging.getLogger(__name__)
 

@@ -32,8 +32,8 @@ from typing import Any
 
 import orjson
 
-from gateway.pool import WorkerView
-from gateway.routing import DEFAULT_PREFILL_TOKENS_PER_SLOT, RouteContext, load_of
+from gateway.routing.pool import WorkerView
+from gateway.routing.router import DEFAULT_PREFILL_TOKENS_PER_SLOT, RouteContext, load_of
 
 DEFAULT_BLOCK_CHARS = 512
 """Characters per hashed block (about 128 tokens at 4 characters a token)."""

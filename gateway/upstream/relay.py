@@ -9,9 +9,9 @@ once the call has run for ``arm_after_s``: most requests to a fast upstream fini
 far less than a task on the hot path (Starlette's streaming response spends two tasks and a cancel scope on
 every stream to do the same).
 
-``stream`` passes the worker's events through as they complete (``gateway.sse.StreamMeter`` reads them on the
+``stream`` passes the worker's events through as they complete (``gateway.upstream.sse.StreamMeter`` reads them on the
 way) and reports how the stream ended; ``read_whole`` reads a whole answer. Neither meters nor releases
-anything: the pipeline meters, and the hold (``gateway.upstream.Hold``) releases.
+anything: the pipeline meters, and the hold (``gateway.upstream.client.Hold``) releases.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from starlette.types import Receive, Send
 
 from fleet.clock import Clock
 from gateway.errors import ClientDisconnected, GatewayError, UpstreamFailed, UpstreamTimeout
-from gateway.sse import StreamMeter, Usage, usage_of
-from gateway.upstream import Hold
+from gateway.upstream.client import Hold
+from gateway.upstream.sse import StreamMeter, Usage, usage_of
 
 ARM_AFTER_S = 0.05
 SSE_HEADERS: tuple[tuple[bytes, bytes], ...] = (

@@ -17,9 +17,9 @@ import aiohttp
 from prometheus_client import Gauge
 
 from gateway.errors import GatewayError, NoWorkerAvailable, UpstreamFailed, UpstreamTimeout
-from gateway.metrics import GatewayMetrics
-from gateway.pool import WorkerPool, WorkerView
+from gateway.routing.pool import WorkerPool, WorkerView
 from gateway.settings import GatewaySettings
+from gateway.usage.metrics import GatewayMetrics
 
 _JSON = {"content-type": "application/json"}
 _ERROR_BODY_LIMIT = 64 * 1024

@@ -62,7 +62,7 @@ class KeyRing:
         self.use(tenants)
 
     def use(self, tenants: TenantsConfig) -> None:
-        """Serve ``tenants`` from now on (the tenants in force changed at run time: ``gateway.tenant_book``)."""
+        """Serve ``tenants`` from now on (the tenants in force changed at run time: ``gateway.intake.tenant_book``)."""
         self._tenants = tenants
         self._static: dict[str, tuple[str, str]] = {k.digest: (t.id, k.id) for t in tenants.tenants for k in t.keys}
         self._principals: dict[tuple[str, str], Principal] = {}

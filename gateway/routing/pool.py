@@ -21,8 +21,8 @@ from fleet.config import FleetConfig, WorkerConfig
 from fleet.plan import FleetPlan, PoolPlan, read_plans
 from fleet.store.protocol import Store, WorkerState
 from fleet.worker_mode import WorkerMode, read_modes
-from gateway.metrics import GatewayMetrics
 from gateway.settings import GatewaySettings
+from gateway.usage.metrics import GatewayMetrics
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 @dataclass(slots=True)
 class WorkerView:
     """One worker as the router sees it. The request counts (``in_flight``, ``prefill_tokens``) are changed only
-    by the requests' holds on the worker (``gateway.upstream.Hold``)."""
+    by the requests' holds on the worker (``gateway.upstream.client.Hold``)."""
 
     config: WorkerConfig
     id: str = field(init=False)

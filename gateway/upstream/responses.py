@@ -3,7 +3,7 @@
 
 **Body.** ``model``, ``stream``, ``max_output_tokens`` and the prompt are read: ``instructions`` and every
 ``input`` item (a string, messages with text or image parts, function calls and their outputs) count as chat
-messages, ``tools`` as their schema JSON (``gateway.body.estimate``). Nothing is added for usage: the Responses
+messages, ``tools`` as their schema JSON (``gateway.upstream.body.estimate``). Nothing is added for usage: the Responses
 API has no ``stream_options``, and its last event carries the usage.
 
 **Stream.** The worker sends ``event: TYPE`` / ``data: JSON`` pairs and ends the body after
@@ -24,10 +24,10 @@ from typing import Any
 
 import orjson
 
-from gateway.body import BodyRules, CompletionRequest, body_head, count_images, estimate, schema_chars
 from gateway.errors import GatewayError, InvalidRequest
-from gateway.metrics import GatewayMetrics
-from gateway.sse import StreamMeter, usage_of
+from gateway.upstream.body import BodyRules, CompletionRequest, body_head, count_images, estimate, schema_chars
+from gateway.upstream.sse import StreamMeter, usage_of
+from gateway.usage.metrics import GatewayMetrics
 
 log = logging.getLogger(__name__)
 
