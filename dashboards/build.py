@@ -16,8 +16,8 @@ from typing import Any
 
 import yaml
 
+from dashboards.board import render
 from dashboards.definitions import all_dashboards
-from dashboards.model import render
 from dashboards.sla import sla_rules
 from fleet.config import ConfigError, load_tenants
 
@@ -42,8 +42,8 @@ def generate(tenants_file: Path | None, *, objective: float) -> dict[Path, str]:
     """Every generated file and its content, keyed by path."""
     tenants = load_tenants(tenants_file)
     files = {
-        DASHBOARD_DIR / f"{board.uid}.json": json.dumps(render(board), indent=2) + "\n"
-        for board in all_dashboards(tenants)
+        DASHBOARD_DIR / f"{board['uid']}.json": json.dumps(board, indent=2) + "\n"
+        for board in map(render, all_dashboards(tenants))
     }
     sla = sla_rules(tenants, objective=objective)
     files[SLA_RULES] = _RULES_HEADER + yaml.safe_dump(sla, sort_keys=False, width=1000)

@@ -3,7 +3,9 @@ names the code defines, and the layout fits Grafana's grid."""
 
 from __future__ import annotations
 
+import copy
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -11,10 +13,11 @@ import pytest
 import yaml
 
 from dashboards import build
-from dashboards.model import GRID_COLUMNS, expressions
+from dashboards.board import GRID_COLUMNS, expressions
+from dashboards.compare import differences
 from dashboards.sla import bucket_bounds, sla_rules, threshold
 from fleet.config import load_tenants
-from gateway.metrics import TPOT, TTFT
+from gateway.usage.metrics import TPOT, TTFT
 
 from .deploy_contracts import ROOT, exported_series
 from .deploy_promql import grafana_to_promql, metric_names, promtool, recorded_names
@@ -106,3 +109,25 @@ def test_sla_rules_cover_every_tier_target_and_reject_a_bad_objective() -> None:
     assert recorded == targets
     with pytest.raises(ValueError, match="objective"):
         sla_rules(tenants, objective=1.0)
+
+
+def test_the_content_comparison_sees_a_changed_query_title_unit_or_position() -> None:
+    """dashboards.compare (used to check the SDK port panel for panel) reports what a viewer would see change."""
+    board = load(ROOT / "dashboards" / "grafana" / "gearshift-cost.json")
+    assert differences(board, copy.deepcopy(board)) == []
+    panel = next(i for i, p in enumerate(board["panels"]) if p["type"] == "timeseries")
+    edits: dict[str, Callable[[dict[str, Any]], None]] = {
+        "expr": lambda p: p["targets"][0].update(expr="up"),
+        "legendFormat": lambda p: p["targets"][0].update(legendFormat="{{job}}"),
+        "title": lambda p: p.update(title="Renamed"),
+        "unit": lambda p: p["fieldConfig"]["defaults"].update(unit="bytes"),
+        "gridPos": lambda p: p["gridPos"].update(w=6),
+        "stacking": lambda p: p["fieldConfig"]["defaults"]["custom"]["stacking"].update(mode="percent"),
+    }
+    for key, edit in edits.items():
+        changed = copy.deepcopy(board)
+        edit(changed["panels"][panel])
+        assert any(key in line for line in differences(board, changed)), key
+    shorter = copy.deepcopy(board)
+    shorter["panels"].pop()
+    assert differences(board, shorter)

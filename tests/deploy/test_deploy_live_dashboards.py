@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from dashboards.model import expressions
+from dashboards.board import expressions
 
 from .deploy_promql import grafana_to_promql, metric_names
 from .deploy_stack import KEYS, Stack, running_prometheus, running_stack
