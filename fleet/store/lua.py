@@ -206,14 +206,16 @@ APPEND_USAGE = (
     + """
 -- Appends one tenant's records, in order, in one round trip. KEYS: the tenant's ledger stream, index (sorted set
 -- at → record JSON), roll-ups (hash 'size:unit' → 'requests prompt completion usd') and request ids (hash id →
--- 1), then the tenant's spend counter. ARGV: the number of roll-up sizes, the sizes, then 7 per record: request
--- id, at, record JSON, tenant, prompt, completion, cost_usd. A request id already in the ledger is skipped (no
--- double billing); each new record's cost is added to the spend counter. Returns how many records were new.
-local nsizes = tonumber(ARGV[1])
+-- 1), then the tenant's spend counter. ARGV: '1' when the caller will WAIT for replicas (else ''), the number of
+-- roll-up sizes, the sizes, then 7 per record: request id, at, record JSON, tenant, prompt, completion, cost_usd.
+-- A request id already in the ledger is skipped (no double billing); each new record's cost is added to the spend
+-- counter. Returns how many records were new.
+local nsizes = tonumber(ARGV[2])
 local sizes = {}
-for i = 1, nsizes do sizes[i] = tonumber(ARGV[1 + i]) end
+for i = 1, nsizes do sizes[i] = tonumber(ARGV[2 + i]) end
+local first = 3 + nsizes
 local appended, spent = 0, 0.0
-for arg = 2 + nsizes, #ARGV, 7 do
+for arg = first, #ARGV, 7 do
   if redis.call('HSETNX', KEYS[4], ARGV[arg], '1') == 1 then
     appended = appended + 1
     spent = spent + tonumber(ARGV[arg + 6])
@@ -236,6 +238,11 @@ for arg = 2 + nsizes, #ARGV, 7 do
 end
 if spent > 0 then
   redis.call('SET', KEYS[5], fmt(tonumber(redis.call('GET', KEYS[5]) or '0') + spent))
+end
+if appended == 0 and ARGV[1] == '1' and first <= #ARGV then
+  -- a replay whose records are all here already writes nothing, and WAIT counts only this connection's writes:
+  -- re-mark one id (a no-op that replicates) so the WAIT after it covers the earlier write of these records
+  redis.call('HSET', KEYS[4], ARGV[first], '1')
 end
 return appended
 """

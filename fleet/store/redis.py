@@ -31,7 +31,7 @@ from itertools import islice
 from typing import Any, cast
 
 from redis.asyncio import ConnectionPool, Redis
-from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.cluster import PipelineCommand, RedisCluster
 from redis.asyncio.connection import parse_url
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
@@ -148,19 +148,19 @@ class _Script:
     Cheaper than redis-py's ``AsyncScript`` on the hot path (no per-call type checks), and it carries the
     dropped-cancellation check of ``fleet.store.cancel`` itself so the hot methods need no wrapper."""
 
-    __slots__ = ("_client", "_execute", "_name", "_sha", "_text")
+    __slots__ = ("_client", "_execute", "_name", "_text", "sha")
 
     def __init__(self, client: Redis | RedisCluster, text: str, name: str) -> None:
         self._client = client
         self._execute: Callable[..., Awaitable[Any]] = client.execute_command
         self._text = text
-        self._sha = hashlib.sha1(text.encode()).hexdigest()
+        self.sha = hashlib.sha1(text.encode()).hexdigest()
         self._name = name
 
     async def __call__(self, keys: Sequence[str], args: Sequence[str]) -> Any:
         task, before = cancelling_now()
         try:
-            reply = await self._execute("EVALSHA", self._sha, len(keys), *keys, *args)
+            reply = await self._execute("EVALSHA", self.sha, len(keys), *keys, *args)
         except NoScriptError:
             reply = await self._execute("EVAL", self._text, len(keys), *keys, *args)
         raise_if_cancelled_since(task, before, self._name)
@@ -172,7 +172,7 @@ class _Script:
         task, before = cancelling_now()
         async with self._client.pipeline(transaction=False) as pipe:
             for keys, args in calls:
-                pipe.execute_command("EVALSHA", self._sha, len(keys), *keys, *args)
+                pipe.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
             replies: list[Any] = await pipe.execute(raise_on_error=False)
         for (keys, args), reply in zip(calls, replies, strict=True):
             if isinstance(reply, NoScriptError):
@@ -403,23 +403,53 @@ class RedisStore:
     async def _append_tenant(self, tenant: str, records: Sequence[UsageRecord]) -> None:
         keys = [self._keys.ledger(tenant, part) for part in ("stream", "index", "rollup", "ids")]
         keys.append(self._keys.limit(spend_key(tenant)))
-        args = list(self._rollup_args)
+        args = ["1" if self._wait_replicas else "", *self._rollup_args]
         for r in records:
             args += [r.request_id, _num(r.at), r.model_dump_json(), r.tenant]
             args += [str(r.prompt_tokens), str(r.completion_tokens), _num(r.cost_usd)]
-        await self._append(keys=keys, args=args)
-        if self._wait_replicas:
-            await self._wait_replicated(keys[0])
-
-    async def _wait_replicated(self, key: str) -> None:
-        """``WAIT`` on the master of ``key`` (on a cluster, the node that holds its slot)."""
-        if isinstance(self._redis, RedisCluster):
-            node = self._redis.get_node_from_key(key)
-            acked = await self._redis.execute_command("WAIT", self._wait_replicas, self._wait_ms, target_nodes=node)
-        else:
-            acked = await self._redis.wait(self._wait_replicas, self._wait_ms)
-        if int(acked) < self._wait_replicas:
+        if not self._wait_replicas:
+            await self._append(keys=keys, args=args)
+            return
+        acked = await self._append_pinned(keys, args)
+        if acked < self._wait_replicas:
             raise NotReplicated(f"{acked} of {self._wait_replicas} replicas acknowledged the ledger write")
+
+    async def _append_pinned(self, keys: list[str], args: list[str]) -> int:
+        """Run the append script and ``WAIT`` on ONE connection (``WAIT`` counts only the writes of the connection
+        it runs on; a pooled call could land on another one and acknowledge nothing) and return how many replicas
+        acknowledged. On a cluster the pair goes to the node that holds the tenant's slot; when that fails (the slot
+        moved, the node is gone) the append is retried through the cluster client, which follows the new topology,
+        and 0 is returned: the write may not be replicated, so the caller spools and replays it."""
+        task, before = cancelling_now()
+        script = [len(keys), *keys, *args]
+        wait = ("WAIT", self._wait_replicas, self._wait_ms)
+        run = self._pinned_cluster if isinstance(self._redis, RedisCluster) else self._pinned_single
+        replies = await run(keys[0], [("EVALSHA", self._append.sha, *script), wait])
+        if isinstance(replies[0], NoScriptError):
+            replies = await run(keys[0], [("EVAL", lua.APPEND_USAGE, *script), wait])
+        raise_if_cancelled_since(task, before, "RedisStore.append_usage_many")
+        failed = [r for r in replies if isinstance(r, Exception)]
+        if not failed:
+            return int(replies[1])
+        if isinstance(self._redis, RedisCluster) and isinstance(failed[0], RedisError | OSError):
+            await self._append(keys=keys, args=args)
+            return 0
+        raise failed[0]
+
+    async def _pinned_single(self, _key: str, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
+        async with self._redis.pipeline(transaction=False) as pipe:  # one connection, in order
+            for command in commands:
+                pipe.execute_command(*command)
+            return await pipe.execute(raise_on_error=False)
+
+    async def _pinned_cluster(self, key: str, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
+        assert isinstance(self._redis, RedisCluster)
+        node = self._redis.get_node_from_key(key)
+        if node is None:
+            return [RedisClusterException(f"no node holds {key!r}")] * len(commands)
+        pending = [PipelineCommand(i, *command) for i, command in enumerate(commands)]
+        await node.execute_pipeline(pending)  # one connection of that node, in order; errors land in .result
+        return [c.result for c in pending]
 
     async def usage(self, tenant: str, *, since: float, until: float, limit: int = 1000) -> UsageTotals:
         keys = [self._keys.ledger(tenant, "index"), self._keys.ledger(tenant, "rollup")]
