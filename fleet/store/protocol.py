@@ -108,6 +108,10 @@ class WorkerState(BaseModel):
     """Fraction of the KV cache in use, 0…1."""
     usd_per_mtok: float | None = None
     """Cost per million output tokens including the drafter and rejected drafts, USD."""
+    usd_per_mtok_k0: float | None = None
+    """The modelled cost per million output tokens of the same load at k = 0 (no speculation), USD."""
+    drafter_share: float | None = None
+    """The drafter's share of the worker's cost, 0…1."""
     overloaded: bool = False
     """No candidate k meets the TPOT target of the tiers this worker serves: steer or shed load."""
     stale: bool = False
