@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The test command: sets everything up on a fresh machine, then runs lint, types, layer contracts and the
-# whole test suite (integration tests start their own redis-server, simulated workers, vLLM, Prometheus).
+# The test command: sets everything up on a fresh machine, then runs lint, types, layer contracts, the docs site's
+# strict build and the whole test suite (integration tests start their own redis-server, simulated workers, vLLM,
+# Prometheus).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
@@ -10,4 +11,5 @@ export PATH="$PWD/.venv/bin:$PATH"
 echo "== ruff";        ruff check . && ruff format --check .
 echo "== mypy";        mypy
 echo "== import-linter"; lint-imports
+echo "== mkdocs";      NO_MKDOCS_2_WARNING=1 mkdocs build --strict --quiet   # the docs site: a broken link fails
 echo "== pytest";      pytest "$@"

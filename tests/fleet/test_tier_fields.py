@@ -1,8 +1,8 @@
 """Every field of a tier in the tenants file changes behaviour, a named test shows it, serving code reads it, and the
-README's table says what it does (issue 16: ``sheddable`` used to be read nowhere).
+docs' table (docs/concepts/tiers.md) says what it does (issue 16: ``sheddable`` used to be read nowhere).
 
 ``SHOWN_BY`` is the register: a new ``TierConfig`` field fails here until a test of its effect is named, a renamed
-or deleted test fails here, and the README table must list exactly these fields.
+or deleted test fails here, and the docs' table must list exactly these fields.
 """
 
 from __future__ import annotations
@@ -54,7 +54,8 @@ SHOWN_BY: dict[str, tuple[str, ...]] = {
         "tests/gateway/test_gateway_agentic_estimate.py::test_the_brownout_caps_max_output_tokens_of_a_responses_request",
     ),
 }
-README_HEADING = "### What each tier field does"
+TIERS_PAGE = ROOT / "docs" / "concepts" / "tiers.md"
+TIERS_HEADING = "## What each tier field does"
 
 
 def test_every_tier_field_has_tests_of_its_effect() -> None:
@@ -86,9 +87,9 @@ def test_serving_code_reads_the_field(field: str) -> None:
     assert readers, f"{field} is read nowhere in {SERVING}"
 
 
-def test_the_readme_table_lists_every_tier_field() -> None:
-    text = (ROOT / "README.md").read_text()
-    assert README_HEADING in text
-    section = text.split(README_HEADING, 1)[1].split("\n#", 1)[0]
+def test_the_docs_table_lists_every_tier_field() -> None:
+    text = TIERS_PAGE.read_text()
+    assert TIERS_HEADING in text
+    section = text.split(TIERS_HEADING, 1)[1].split("\n#", 1)[0]
     rows = re.findall(r"^\| `([a-z_]+)` \|", section, flags=re.MULTILINE)
     assert rows == list(TierConfig.model_fields)
