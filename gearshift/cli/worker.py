@@ -3,17 +3,25 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 from urllib.parse import urlsplit
 
+import httpx
 import typer
 
 from bench.procs import free_port
+from fleet.clock import SystemClock
 from fleet.config import CommonSettings, ConfigError, WorkerConfig, load_fleet
+from fleet.drain import end_shutdown_drain
+from fleet.restart import RestartClient
+from fleet.store.factory import build_store
+from gearshift.cli.worker_drain import drain_command
 from workers.vllm.cpu_server import (
     TINY_K_MAX,
     ServerStartError,
@@ -22,6 +30,7 @@ from workers.vllm.cpu_server import (
     tiny_plan,
     tiny_worker,
 )
+from workers.vllm.follower import Follower
 from workers.vllm.launcher import CpuOptions, Entrypoint, LaunchError, LaunchPlan, MultiNode, bind_host, build_launch
 from workers.vllm.measure import (
     format_table,
@@ -33,7 +42,8 @@ from workers.vllm.measure import (
 )
 from workers.vllm.supervisor import Supervisor, serve
 
-app = typer.Typer(help="Real vLLM workers: launch one from the fleet file, or measure the CPU worker.")
+app = typer.Typer(help="Real vLLM workers: launch one from the fleet file, drain one, or measure the CPU worker.")
+app.command("drain")(drain_command)
 
 
 @app.command("vllm")
@@ -56,9 +66,18 @@ def vllm_command(
         typer.Option(
             "--supervise",
             help="Run vLLM under a supervisor that restarts it with or without its drafter (the drafter-free gear) "
-            "when the controller asks, on the fleet entry's restart_url.",
+            "when the controller asks, on the fleet entry's restart_url. On a node of rank > 0 the supervisor "
+            "follows node 0's: it restarts this node's vLLM, in the same mode, whenever node 0 restarts.",
         ),
     ] = False,
+    speculative_extra: Annotated[
+        str | None,
+        typer.Option(
+            "--speculative-extra",
+            help="JSON object of vLLM speculative-config keys to add (those the fleet file has no field for, e.g. "
+            '\'{"attention_backend": "FLASHINFER_MLA", "rejection_sample_method": "block"}\').',
+        ),
+    ] = None,
 ) -> None:
     """Print (--dry-run) or exec the vLLM server command of one fleet worker, plugin enabled."""
     try:
@@ -67,13 +86,12 @@ def vllm_command(
         worker = fleet.worker(worker_id)
         if worker is None:
             raise LaunchError(f"--worker-id: no worker {worker_id!r}; known: {[w.id for w in fleet.workers]}")
-        plan = build_launch(
-            worker,
-            entrypoint=Entrypoint.MODULE if module else Entrypoint.CLI,
-            python=python,
-            cpu=CpuOptions() if cpu else None,
+        launch = _Launch(
+            worker, module=module, python=python, cpu=cpu,
             multi_node=MultiNode(nnodes=nnodes, node_rank=node_rank, master_addr=master_addr),
-        )
+            speculative_extra=_json_object(speculative_extra),
+        )  # fmt: skip
+        plan = launch.plan(drafter=True)
     except (ConfigError, LaunchError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
@@ -81,22 +99,62 @@ def vllm_command(
         typer.echo(plan.shell())
         return
     if supervise:
-        _supervise(worker, common, module=module, python=python, cpu=cpu)
+        _supervise(launch, common)
         return
     os.execvpe(plan.argv[0], list(plan.argv), {**os.environ, **plan.env})
 
 
-def _supervise(worker: WorkerConfig, common: CommonSettings, *, module: bool, python: str, cpu: bool) -> None:
-    """vLLM under ``workers.vllm.supervisor`` until SIGINT/SIGTERM; its restart control on ``restart_url``."""
+def _json_object(text: str | None) -> dict[str, Any] | None:
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise LaunchError(f"--speculative-extra: not JSON ({exc})") from exc
+    if not isinstance(value, dict):
+        raise LaunchError("--speculative-extra: must be a JSON object")
+    return value
+
+
+@dataclass(frozen=True)
+class _Launch:
+    """How this node launches the worker's vLLM, in either mode."""
+
+    worker: WorkerConfig
+    module: bool
+    python: str
+    cpu: bool
+    multi_node: MultiNode
+    speculative_extra: dict[str, Any] | None
+
+    def plan(self, *, drafter: bool) -> LaunchPlan:
+        return build_launch(
+            self.worker, entrypoint=Entrypoint.MODULE if self.module else Entrypoint.CLI, python=self.python,
+            cpu=CpuOptions() if self.cpu else None, multi_node=self.multi_node,
+            speculative_extra=self.speculative_extra, drafter=drafter,
+        )  # fmt: skip
+
+
+def _supervise(launch: _Launch, common: CommonSettings) -> None:
+    """vLLM under ``workers.vllm.supervisor`` until SIGINT/SIGTERM; its restart control on ``restart_url``. On a
+    node of rank > 0, ``workers.vllm.follower`` instead, following node 0's supervisor."""
+    worker = launch.worker
     if worker.restart_url is None:
         typer.echo(f"error: --supervise: worker {worker.id!r} has no restart_url in the fleet file", err=True)
         raise typer.Exit(2)
 
     def plan_for(drafter: bool) -> LaunchPlan:
-        entrypoint = Entrypoint.MODULE if module else Entrypoint.CLI
-        return build_launch(
-            worker, entrypoint=entrypoint, python=python, cpu=CpuOptions() if cpu else None, drafter=drafter
-        )
+        return launch.plan(drafter=drafter)
+
+    async def cleared_drain() -> None:
+        """A worker that is up again clears the shutdown drain its last pod left (``fleet.drain``)."""
+        if not common.redis_url:
+            return
+        store = build_store(common)
+        try:
+            await end_shutdown_drain(store, worker.id, clock=SystemClock())
+        finally:
+            await store.close()
 
     async def run() -> None:
         stop = asyncio.Event()
@@ -105,10 +163,19 @@ def _supervise(worker: WorkerConfig, common: CommonSettings, *, module: bool, py
             loop.add_signal_handler(sig, stop.set)
         parts = urlsplit(worker.restart_url or "")
         with tempfile.TemporaryDirectory(prefix=f"gearshift-{worker.id}-") as logs:
+            if launch.multi_node.node_rank > 0:
+                async with httpx.AsyncClient() as client:
+                    leader = RestartClient(client, control_token=common.control_token.get_secret_value())
+                    follower = Follower(
+                        plan_for, leader=leader, leader_url=worker.restart_base_url, log_dir=Path(logs),
+                        clock=SystemClock(),
+                    )  # fmt: skip
+                    await follower.run(stop)
+                return
             supervisor = Supervisor(plan_for, url=worker.url.rstrip("/"), log_dir=Path(logs))
             await serve(
                 supervisor, host=bind_host(worker.restart_url or ""), port=parts.port or 80,
-                control_token=common.control_token.get_secret_value(), stop=stop,
+                control_token=common.control_token.get_secret_value(), stop=stop, on_ready=cleared_drain,
             )  # fmt: skip
 
     asyncio.run(run())

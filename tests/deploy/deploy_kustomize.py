@@ -3,7 +3,9 @@
 Supported: ``resources`` (files and directories with a kustomization), ``namespace``, ``labels`` (metadata
 only), ``configMapGenerator`` with ``files`` and ``behavior: merge``, ``secretGenerator`` with ``envs``
 (base64 ``data``, type Opaque, as kustomize writes it), ``generatorOptions:
-{disableNameSuffixHash: true}`` and ``images``. Any other key fails the build, so the manifests cannot start
+{disableNameSuffixHash: true}``, ``images`` and ``patches`` of custom resources by ``path`` (kustomize applies a
+patch of a kind it has no schema for as a JSON merge patch, RFC 7386: maps merge, lists and scalars replace,
+null deletes). Any other key fails the build, so the manifests cannot start
 relying on a feature this builder would silently ignore (and so diverge from what ``kubectl apply -k`` does).
 """
 
@@ -19,8 +21,10 @@ import yaml
 
 Resource = dict[str, Any]
 SUPPORTED = {"apiVersion", "kind", "namespace", "labels", "resources", "images"}
-SUPPORTED |= {"configMapGenerator", "secretGenerator", "generatorOptions"}
+SUPPORTED |= {"configMapGenerator", "secretGenerator", "generatorOptions", "patches"}
 CLUSTER_SCOPED = {"Namespace"}
+MERGE_PATCHED = {"LeaderWorkerSet"}
+"""Kinds patched as kustomize patches them without a schema (built-in kinds get a strategic merge: not here)."""
 
 
 class KustomizeError(ValueError):
@@ -71,6 +75,35 @@ def _generate_secrets(root: Path, spec: dict[str, Any], resources: list[Resource
         )
 
 
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch of ``target`` by ``patch``."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = merge_patch(out.get(key), value)
+    return out
+
+
+def _apply_patches(root: Path, spec: dict[str, Any], resources: list[Resource]) -> None:
+    for entry in spec.get("patches", []):
+        if set(entry) != {"path"}:
+            raise KustomizeError(f"{root}: patches: only `path` entries are supported here")
+        for patch in load_documents(root / entry["path"]):
+            kind, name = patch["kind"], patch["metadata"]["name"]
+            if kind not in MERGE_PATCHED:
+                raise KustomizeError(f"{root}: patch of {kind} {name}: only {sorted(MERGE_PATCHED)} are patched here")
+            index = next(
+                (i for i, r in enumerate(resources) if r["kind"] == kind and r["metadata"]["name"] == name), None
+            )
+            if index is None:
+                raise KustomizeError(f"{root}: patch {entry['path']}: no {kind} {name} to patch")
+            resources[index] = merge_patch(resources[index], patch)
+
+
 def _containers(resource: Resource) -> Iterator[dict[str, Any]]:
     for spec in pod_specs(resource):
         yield from spec.get("containers", [])
@@ -98,6 +131,7 @@ def build(root: Path) -> list[Resource]:
     for entry in spec.get("resources", []):
         path = root / entry
         resources += build(path) if path.is_dir() else [copy.deepcopy(d) for d in load_documents(path)]
+    _apply_patches(root, spec, resources)
     _generate_configmaps(root, spec, resources)
     _generate_secrets(root, spec, resources)
     _set_images(spec, resources)

@@ -18,6 +18,8 @@ from .deploy_kustomize import Resource, pod_templates
 
 LWS_GROUP = "leaderworkerset.sigs.k8s.io/group-index"
 LWS_WORKER = "leaderworkerset.sigs.k8s.io/worker-index"
+LWS_NAME = "leaderworkerset.sigs.k8s.io/name"
+"""Labels the LeaderWorkerSet controller puts on every pod it makes (LWS v0.10 reference: labels)."""
 _REF = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
 _LABEL_PATH = re.compile(r"^metadata\.labels\['([^']+)'\]$")
 
@@ -40,7 +42,7 @@ def pods(resource: Resource) -> Iterator[Pod]:
         labels = dict(meta.get("labels", {}))
         if resource["kind"] == "LeaderWorkerSet":
             follower = index == len(templates) - 1 and len(templates) == 2
-            labels |= {LWS_GROUP: "0", LWS_WORKER: "1" if follower else "0"}
+            labels |= {LWS_NAME: name, LWS_GROUP: "0", LWS_WORKER: "1" if follower else "0"}
             pod_name = f"{name}-0-1" if follower else f"{name}-0"
         elif resource["kind"] == "StatefulSet":
             pod_name = f"{name}-0"

@@ -4,10 +4,18 @@ every gearshift container runs a real sub-command with settings, ports and probe
 from __future__ import annotations
 
 import functools
+import json
+import os
+import re
+import shlex
 import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
+from unittest import mock
+from urllib.parse import urlsplit
 
+import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
@@ -18,6 +26,7 @@ from fleet.config import FleetConfig, TenantsConfig, parse_model
 from .deploy_contracts import (
     ROOT,
     bind_host,
+    cli_root,
     env_names,
     listen_port,
     load_settings,
@@ -27,7 +36,9 @@ from .deploy_contracts import (
     settings_class,
 )
 from .deploy_kustomize import KustomizeError, Resource, build, pod_specs
-from .deploy_pods import Pod, container_args, container_env, container_ports, pods
+from .deploy_lws import validate_lws
+from .deploy_netpol import Peer, admits, selects
+from .deploy_pods import Pod, container_args, container_env, container_ports, pods, secret_value
 
 K8S = ROOT / "deploy" / "kubernetes"
 OVERLAYS = ("sim", "kimi-k3")
@@ -35,9 +46,6 @@ KUBERNETES_VERSION = "1.31.0"
 """The oldest Kubernetes these manifests target (validated with the strict schemas: no unknown fields)."""
 WORKLOADS = ("Deployment", "StatefulSet", "LeaderWorkerSet")
 GEARSHIFT_IMAGES = ("ghcr.io/gearshift/gearshift:", "ghcr.io/gearshift/gearshift-vllm:")
-
-LWS_SPEC_KEYS = {"replicas", "leaderWorkerTemplate", "startupPolicy", "rolloutStrategy", "networkConfig"}
-LWS_TEMPLATE_KEYS = {"size", "leaderTemplate", "workerTemplate", "restartPolicy", "subGroupPolicy"}
 
 
 @pytest.fixture(scope="module")
@@ -79,14 +87,10 @@ def gearshift_containers(resources: tuple[Resource, ...]) -> list[tuple[Pod, dic
 
 
 def validate_leaderworkerset(lws: Resource) -> None:
-    """LeaderWorkerSet is a CRD outside the core schemas: check its shape, and each template as a core Pod."""
-    assert lws["apiVersion"] == "leaderworkerset.x-k8s.io/v1"
-    assert set(lws["spec"]) <= LWS_SPEC_KEYS, sorted(set(lws["spec"]) - LWS_SPEC_KEYS)
+    """LeaderWorkerSet is a CRD outside the core schemas: the vendored LWS CRD schema, strict (``deploy_lws``),
+    and each template as a core Pod of the pinned Kubernetes."""
+    validate_lws(lws)
     template = lws["spec"]["leaderWorkerTemplate"]
-    assert set(template) <= LWS_TEMPLATE_KEYS, sorted(set(template) - LWS_TEMPLATE_KEYS)
-    assert isinstance(template["size"], int)
-    assert template["size"] >= 2
-    assert template.get("restartPolicy", "RecreateGroupOnPodRestart") in ("RecreateGroupOnPodRestart", "None")
     for key in ("leaderTemplate", "workerTemplate"):
         pod = {"apiVersion": "v1", "kind": "Pod", **template[key]}
         pod["metadata"] = {"name": f"{lws['metadata']['name']}-{key.lower()}", **template[key]["metadata"]}
@@ -125,6 +129,27 @@ def test_the_validator_rejects_a_misspelt_field(k8s: Path) -> None:
     broken["spec"]["template"]["spec"]["containers"][0]["readinesProbe"] = {"httpGet": {"path": "/readyz"}}
     with pytest.raises(kubernetes_validate.ValidationError, match="readinesProbe"):
         kubernetes_validate.validate(broken, KUBERNETES_VERSION, strict=True)
+
+
+@pytest.mark.parametrize(
+    ("path", "field"),
+    [(("spec",), "replica"), (("spec", "leaderWorkerTemplate"), "restartPolicyy"), (("metadata",), None)],
+)
+def test_the_lws_validator_rejects_a_misspelt_or_mistyped_field(
+    k8s: Path, path: tuple[str, ...], field: str | None
+) -> None:
+    broken = yaml.safe_load(yaml.safe_dump(named(built(k8s, "kimi-k3"), "LeaderWorkerSet", "kimi-k3")))
+    node = broken
+    for key in path:
+        node = node[key]
+    if field is None:  # a wrong type deep inside a pod template
+        broken["spec"]["leaderWorkerTemplate"]["size"] = "2"
+        match = "'2' is not of type 'integer'"
+    else:
+        node[field] = 1
+        match = field
+    with pytest.raises(jsonschema.ValidationError, match=match):
+        validate_lws(broken)
 
 
 # ------------------------------------------------------------------------------------------ cross-references
@@ -221,9 +246,13 @@ def test_containers_run_real_subcommands_with_settings_the_code_reads(k8s: Path,
         assert container_ports(pod.spec).get("http") == port, f"{where}: listens on {port}"
         assert bind_host(process, settings) in (None, "0.0.0.0"), f"{where}: must bind every interface in a pod"
         paths = served_paths(process)
+        control = supervisor_port(fleet, options)
         for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
             if probe in container and "httpGet" in container[probe]:
                 get = container[probe]["httpGet"]
+                if control is not None and container_ports(pod.spec)[get["port"]] == control:
+                    assert get["path"] in supervisor_paths(), f"{where}: {probe} {get['path']} is not the supervisor's"
+                    continue
                 assert get["path"] in paths, f"{where}: {probe} {get['path']} is not served; served: {sorted(paths)}"
                 assert container_ports(pod.spec)[get["port"]] == port
         if pod.annotations.get("prometheus.io/scrape") == "true":
@@ -279,7 +308,7 @@ def test_the_podmonitor_scrapes_exactly_the_pods_that_serve_metrics(k8s: Path, o
 def test_kimi_overlay_runs_the_recipe_of_deploy_fleets(k8s: Path) -> None:
     recipe = yaml.safe_load((ROOT / "deploy" / "fleets" / "kimi-k3-dspark.yaml").read_text())
     overlay = config_file(built(k8s, "kimi-k3"), "fleet.yaml")
-    strip = lambda fleet: {**fleet, "workers": [{**w, "url": None} for w in fleet["workers"]]}  # noqa: E731
+    strip = lambda fleet: {**fleet, "workers": [{**w, "url": None, "restart_url": None} for w in fleet["workers"]]}  # noqa: E731
     assert strip(overlay) == strip(recipe)
 
 
@@ -312,12 +341,257 @@ def test_each_worker_group_is_one_tp16_engine_over_two_eight_gpu_pods(k8s: Path)
         '"method": "dspark"',
     )
     expected += ("--tensor-parallel-size 16", "--nnodes 2", "--master-addr kimi-k3-0.kimi-k3")
+    expected += ('"attention_backend": "FLASHINFER_MLA"', '"draft_sample_method": "probabilistic"')
+    expected += ('"rejection_sample_method": "block"',)
     for line in lines:
         assert [e for e in expected if e not in line] == []
     assert "--node-rank 0" in leader
     assert "--headless" not in leader
     assert "--node-rank 1" in follower
     assert "--headless" in follower
+
+
+# ------------------------------------------------------------------- two-node TP16: rendered for 2 groups
+def lws_pods(resources: tuple[Resource, ...]) -> tuple[Pod, Pod]:
+    leader, follower = pods(named(resources, "LeaderWorkerSet", "kimi-k3"))
+    return leader, follower
+
+
+def test_two_worker_groups_each_a_supervised_leader_and_follower(k8s: Path) -> None:
+    resources = built(k8s, "kimi-k3")
+    lws = named(resources, "LeaderWorkerSet", "kimi-k3")
+    fleet = parse_model(FleetConfig, config_file(resources, "fleet.yaml"), source="fleet.yaml")
+    groups = lws["spec"]["replicas"]
+    assert groups == 2
+    assert sorted(w.id for w in fleet.workers) == [f"kimi-k3-{g}" for g in range(groups)]
+    leader, follower = lws_pods(resources)
+    for worker in fleet.workers:
+        assert worker.restart_url is not None
+        restart, serve = urlsplit(worker.restart_url), urlsplit(worker.url)
+        assert restart.hostname == serve.hostname, f"{worker.id}: the restart control is on the leader"
+        assert restart.port == container_ports(leader.spec)["control"]
+    for pod in (leader, follower):
+        (container,) = pod.spec["containers"]
+        argv = container_args(pod, container, container_env(pod, container, list(resources)))
+        assert "--supervise" in argv, f"{pod.name}: the drafter-free gear restarts every node of the group"
+    rollout = lws["spec"]["rolloutStrategy"]["rollingUpdateConfiguration"]
+    assert (rollout["maxUnavailable"], rollout["maxSurge"]) == (1, 0), "one group at a time, no spare 16 GPUs"
+    assert lws["spec"]["leaderWorkerTemplate"]["restartPolicy"] == "RecreateGroupOnPodRestart"
+
+
+def test_the_leader_drains_through_the_worker_mode_before_it_stops(k8s: Path) -> None:
+    resources = built(k8s, "kimi-k3")
+    leader, _ = lws_pods(resources)
+    (container,) = leader.spec["containers"]
+    env = container_env(leader, container, list(resources))
+    shell, flag, line = container["lifecycle"]["preStop"]["exec"]["command"]
+    assert (shell, flag) == ("sh", "-c")
+    with mock.patch.dict(os.environ, {"GROUP_INDEX": env["GROUP_INDEX"]}):
+        words = [os.path.expandvars(w) for w in shlex.split(line)]
+    assert words[:2] == ["exec", vllm_image_entrypoint()], "the hook runs the image's own gearshift"
+    command = cli_root().get_command(None, "worker").get_command(None, "drain")
+    assert command is not None
+    assert words[2:4] == ["worker", "drain"]
+    options = option_values(command, words[4:])
+    argv = container_args(leader, container, env)
+    assert options["--worker-id"] == argv[argv.index("--worker-id") + 1] == "kimi-k3-0"
+    grace = leader.spec["terminationGracePeriodSeconds"]
+    assert float(options["--timeout"]) + 30 <= grace, "the drain must end before the kubelet's SIGKILL"
+    # The drain writes where every gateway reads: the same store and key prefix.
+    gateway = named(resources, "Deployment", "gateway")
+    (gw_pod,) = pods(gateway)
+    gw_env = container_env(gw_pod, gw_pod.spec["containers"][0], list(resources))
+    for key in ("GEARSHIFT_REDIS_URL", "GEARSHIFT_REDIS_SENTINELS", "GEARSHIFT_KEY_PREFIX"):
+        assert env.get(key) == gw_env.get(key), key
+    assert env["GEARSHIFT_REDIS_URL"]
+
+
+def test_disruption_budgets_keep_a_group_the_store_quorum_and_a_gateway(k8s: Path) -> None:
+    resources = built(k8s, "kimi-k3")
+    budgets = {p["metadata"]["name"]: p["spec"] for p in of_kind(resources, "PodDisruptionBudget")}
+    assert set(budgets) >= {"kimi-k3", "redis", "gateway", "controller"}
+    leader, follower = lws_pods(resources)
+    assert all(selects(budgets["kimi-k3"]["selector"], p.labels) for p in (leader, follower))
+    assert budgets["kimi-k3"]["maxUnavailable"] == 1, "one worker pod, hence one group, at a time"
+    redis = named(resources, "StatefulSet", "redis")
+    quorum = int(re.search(r"sentinel monitor gearshift \S+ 6379 (\d+)", redis_scripts(resources))[1])  # type: ignore[index]
+    assert redis["spec"]["replicas"] - budgets["redis"]["maxUnavailable"] >= quorum
+    hpa = named(resources, "HorizontalPodAutoscaler", "gateway")
+    assert budgets["gateway"]["minAvailable"] < hpa["spec"]["minReplicas"], "a node drain must be able to proceed"
+    for name in budgets:
+        selected = [
+            p for r in of_kind(resources, *WORKLOADS) for p in pods(r) if selects(budgets[name]["selector"], p.labels)
+        ]
+        assert selected, f"PodDisruptionBudget {name} selects no pod"
+
+
+def test_workers_accept_only_gateways_controllers_their_peers_and_prometheus(k8s: Path) -> None:
+    resources = built(k8s, "kimi-k3")
+    policies = of_kind(resources, "NetworkPolicy")
+    by_name = {p.name: p for r in of_kind(resources, *WORKLOADS) for p in pods(r)}
+    leader, follower = lws_pods(resources)
+
+    def peer(pod: Pod | dict[str, str], namespace: str = "gearshift") -> Peer:
+        labels = pod.labels if isinstance(pod, Pod) else pod
+        return Peer(labels=labels, namespace=namespace, namespace_labels={"kubernetes.io/metadata.name": namespace})
+
+    gateway = next(p for n, p in by_name.items() if n.startswith("gateway-"))
+    controller = next(p for n, p in by_name.items() if n.startswith("controller-"))
+    redis = by_name["redis-0"]
+    prometheus = peer({"app.kubernetes.io/name": "prometheus"}, namespace="monitoring")
+    stranger = peer({"app": "debug-shell"})
+    ports = container_ports(leader.spec)
+
+    def can(source: Peer, target: Pod, port: str | int) -> bool:
+        return admits(
+            policies, source=source, target=peer(target), target_ports=container_ports(target.spec), port=port
+        )
+
+    assert can(peer(gateway), leader, "http")
+    assert not can(peer(gateway), leader, "control"), "restarts are the controller's"
+    assert can(peer(controller), leader, "http")
+    assert can(peer(controller), leader, "control")
+    assert can(peer(follower), leader, ports["torch-master"])
+    assert can(peer(leader), follower, 40000)
+    assert can(prometheus, leader, "http")
+    assert not can(prometheus, leader, "control")
+    for outsider in (stranger, peer(redis), peer({"app": "debug-shell"}, namespace="other")):
+        for port in ("http", "control", ports["torch-master"]):
+            assert not can(outsider, leader, port), (outsider.labels, port)
+    assert not can(stranger, follower, 40000)
+    # The store: gearshift's processes only.
+    for source in (gateway, controller, leader, redis):  # redis: replication and Sentinel gossip
+        assert can(peer(source), redis, "redis"), source.name
+    assert not can(stranger, redis, "redis")
+    assert not can(stranger, redis, "sentinel")
+
+
+def test_probes_allow_a_drafter_free_restart_and_the_recipe_start(k8s: Path) -> None:
+    resources = built(k8s, "kimi-k3")
+    leader, follower = lws_pods(resources)
+    (container,) = leader.spec["containers"]
+    env = container_env(leader, container, list(resources))
+    ports = container_ports(leader.spec)
+    live, ready, start = (container[p] for p in ("livenessProbe", "readinessProbe", "startupProbe"))
+    assert ports[live["httpGet"]["port"]] == ports["control"], "liveness asks the supervisor, which outlives vLLM"
+    assert live["httpGet"]["path"] in supervisor_paths()
+    assert ports[ready["httpGet"]["port"]] == ports["http"]
+    assert ready["httpGet"]["path"] == "/health"
+    assert start["periodSeconds"] * start["failureThreshold"] >= int(env["VLLM_ENGINE_READY_TIMEOUT_S"])
+    assert not {"startupProbe", "readinessProbe", "livenessProbe"} & set(follower.spec["containers"][0])
+
+
+RECIPE_ENV = {
+    "VLLM_ENABLE_K3_LATENT_MOE_TAIL_FUSION": "1",
+    "VLLM_ALLREDUCE_USE_FLASHINFER": "1",
+    "VLLM_USE_RUST_FRONTEND": "1",
+    "VLLM_ENGINE_READY_TIMEOUT_S": "3600",
+}
+"""vllm-project/recipes models/moonshotai/Kimi-K3.yaml (commit 02c27aa), hardware_overrides.blackwell.extra_env,
+less VLLM_USE_V2_MODEL_RUNNER, which the launcher sets."""
+
+
+def test_each_pod_gets_the_recipe_env_rdma_and_the_placement_parameters(k8s: Path) -> None:
+    resources = built(k8s, "kimi-k3")
+    lws = named(resources, "LeaderWorkerSet", "kimi-k3")
+    placement = yaml.safe_load((K8S / "kimi-k3" / "placement.yaml").read_text())
+    topology = "leaderworkerset.sigs.k8s.io/exclusive-topology"
+    assert lws["metadata"]["annotations"][topology] == placement["metadata"]["annotations"][topology]
+    wanted = placement["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]
+    for pod in lws_pods(resources):
+        (container,) = pod.spec["containers"]
+        env = container_env(pod, container, list(resources))
+        assert RECIPE_ENV.items() <= env.items(), pod.name
+        assert {"NCCL_IB_HCA", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"} <= set(env)
+        assert env["NCCL_IB_DISABLE"] == "0"
+        assert env["NCCL_SOCKET_IFNAME"] == env["GLOO_SOCKET_IFNAME"], "bootstrap and Gloo on the pod network"
+        assert not pod.spec.get("hostNetwork"), "NetworkPolicies do not apply to host-network pods"
+        limits = container["resources"]["limits"]
+        assert int(limits["rdma/ib"]) == int(limits["nvidia.com/gpu"]), "one HCA per GPU"
+        assert "IPC_LOCK" in container["securityContext"]["capabilities"]["add"]
+        assert pod.spec["nodeSelector"] == wanted["nodeSelector"]
+        assert pod.spec["tolerations"] == wanted["tolerations"]
+        assert env["VLLM_API_KEY"] == secret_value(list(resources), "gearshift-secrets", "worker-api-key")
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_no_secret_reaches_a_command_line(k8s: Path, overlay: str) -> None:
+    """Secrets go through env (or files written from it), never args: those show in ``ps`` and the pod spec."""
+    resources = built(k8s, overlay)
+    for workload in of_kind(resources, *WORKLOADS):
+        for pod in pods(workload):
+            for container in pod.spec["containers"]:
+                secret_vars = {v["name"] for v in container.get("env", []) if "secretKeyRef" in v.get("valueFrom", {})}
+                words = " ".join(container.get("command", []) + container.get("args", []))
+                leaked = {name for name in secret_vars if f"$({name})" in words}
+                assert not leaked, f"{pod.name}/{container['name']}: {sorted(leaked)} in its command line"
+
+
+def test_the_redis_scripts_are_valid_shell_and_keep_the_password_out_of_argv(k8s: Path) -> None:
+    scripts = named(built(k8s, "kimi-k3"), "ConfigMap", "redis-scripts")["data"]
+    for name, text in scripts.items():
+        result = subprocess.run(["sh", "-n"], input=text, text=True, capture_output=True, check=False)
+        assert result.returncode == 0, f"{name}: {result.stderr}"
+        assert "-a " not in text, name
+        assert "--requirepass" not in text, name
+    assert "maxmemory-policy noeviction" in scripts["redis.sh"]
+
+
+def test_gateways_know_their_replica_count(k8s: Path) -> None:
+    resources = built(k8s, "sim")
+    (pod,) = pods(named(resources, "Deployment", "gateway"))
+    env = container_env(pod, pod.spec["containers"][0], list(resources))
+    hpa = named(resources, "HorizontalPodAutoscaler", "gateway")
+    assert int(env["GEARSHIFT_GATEWAY_REPLICAS"]) == hpa["spec"]["minReplicas"]
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed: kustomize not compared")
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_test_builder_renders_what_kubectl_kustomize_renders(k8s: Path, overlay: str) -> None:
+    result = subprocess.run(
+        ["kubectl", "kustomize", str(k8s / overlay)], capture_output=True, text=True, check=False, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    key = lambda r: (r["kind"], r["metadata"]["name"])  # noqa: E731
+    real = sorted((d for d in yaml.safe_load_all(result.stdout) if d), key=key)
+    ours = sorted(built(k8s, overlay), key=key)
+    assert [key(r) for r in ours] == [key(r) for r in real]
+    for mine, theirs in zip(ours, real, strict=True):
+        assert mine == theirs, key(mine)
+
+
+def redis_scripts(resources: tuple[Resource, ...]) -> str:
+    return "\n".join(named(resources, "ConfigMap", "redis-scripts")["data"].values())
+
+
+def vllm_image_entrypoint() -> str:
+    text = (ROOT / "deploy" / "docker" / "vllm.Dockerfile").read_text()
+    (line,) = [ln for ln in text.splitlines() if ln.startswith("ENTRYPOINT")]
+    return str(json.loads(line.removeprefix("ENTRYPOINT").strip())[0])
+
+
+def supervisor_port(fleet: FleetConfig, options: dict[str, str]) -> int | None:
+    """The port of the vLLM supervisor's restart control, for a container that runs one (``--supervise``)."""
+    if "--supervise" not in options:
+        return None
+    worker = fleet.worker(options["--worker-id"])
+    assert worker is not None
+    assert worker.restart_url is not None, f"{worker.id}: --supervise needs a restart_url"
+    port = urlsplit(worker.restart_url).port
+    assert port is not None
+    return port
+
+
+def supervisor_paths() -> frozenset[str]:
+    """The paths the supervisor's app serves (from its route table)."""
+    from workers.vllm.launcher import LaunchPlan
+    from workers.vllm.supervisor import Supervisor, supervisor_app
+
+    def never(drafter: bool) -> LaunchPlan:
+        raise AssertionError("the route table is read, nothing is started")
+
+    app = supervisor_app(Supervisor(never, url="http://127.0.0.1:1", log_dir=Path()), control_token="t")
+    return frozenset(r.canonical for r in app.router.resources())
 
 
 def _app() -> Any:

@@ -16,7 +16,7 @@ import logging
 import os
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import orjson
@@ -86,9 +86,9 @@ class Supervisor:
         """Stop vLLM and start it again with (or without) the drafter; ``restarting`` until it is healthy."""
         self.restarting = True
         started, before = time.monotonic(), self.drafter
+        self.drafter = drafter  # while restarting, the state names the mode it is starting in (followers read it)
         try:
             await asyncio.to_thread(self.stop)
-            self.drafter = drafter
             try:
                 await asyncio.to_thread(self.start)
             except Exception:  # back in the old mode: the controller sees it and serves the worker as before
@@ -152,9 +152,20 @@ def supervisor_app(supervisor: Supervisor, *, control_token: str) -> web.Applica
     return app
 
 
-async def serve(supervisor: Supervisor, *, host: str, port: int, control_token: str, stop: asyncio.Event) -> None:
-    """Start vLLM, serve the restart control on ``host:port`` until ``stop``, then stop vLLM."""
+async def serve(
+    supervisor: Supervisor,
+    *,
+    host: str,
+    port: int,
+    control_token: str,
+    stop: asyncio.Event,
+    on_ready: Callable[[], Awaitable[None]] | None = None,
+) -> None:
+    """Start vLLM, await ``on_ready`` once it is healthy, serve the restart control on ``host:port`` until ``stop``,
+    then stop vLLM."""
     await asyncio.to_thread(supervisor.start)
+    if on_ready is not None:
+        await on_ready()
     runner = web.AppRunner(supervisor_app(supervisor, control_token=control_token), access_log=None)
     await runner.setup()
     try:
