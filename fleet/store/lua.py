@@ -3,11 +3,32 @@
 The window math mirrors ``fleet.store.window`` exactly (same doubles, same bucket indices, same order),
 so ``MemoryStore`` and ``RedisStore`` agree to the bit. Fractional numbers cross the Lua boundary only as
 ``%.17g`` strings: Redis truncates returned Lua numbers to integers, and may format arguments with fewer digits.
+
+Time: the limit scripts (``ADMIT``, ``SETTLE``, ``REPLICA_HEARTBEAT``) take the caller's ``now`` and a clock flag.
+With the flag (``RedisStore``'s default) they run on Redis's own ``TIME``, so every gateway replica sees the same
+windows, slots and registry whatever its clock says; a ``reserved_at`` on the caller's clock is moved onto the
+server's by its age on the caller's clock (``now - reserved_at``), which no skew changes. Without the flag they
+run on the caller's ``now`` (virtual-time tests, where ``MemoryStore`` gives identical results). Calling ``TIME``
+before writing is allowed: Redis 5+ replicates a script's effects, not the script (the only mode from Redis 7),
+and on Redis Cluster every key a script touches is in ``KEYS`` and in one slot, so one master's clock decides.
 """
 
 from __future__ import annotations
 
-_WINDOW_LIB = """
+_CLOCK_LIB = """
+-- ARGV[1]: the caller's now (Unix s); ARGV[4]: '1' to run on the server's clock instead
+local CALLER_NOW = tonumber(ARGV[1])
+local SERVER_CLOCK = ARGV[4] == '1'
+local function clock_now()
+  if not SERVER_CLOCK then return CALLER_NOW end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) + tonumber(t[2]) / 1000000
+end
+"""
+
+_WINDOW_LIB = (
+    _CLOCK_LIB
+    + """
 local NB = tonumber(ARGV[2])
 local function width(window) return window / NB end
 local function bucket_of(t, window) return math.floor(t / width(window)) end
@@ -36,17 +57,19 @@ local function reserve(key, cost, window, now)
   end
 end
 """
+)
 
 ADMIT = (
     _WINDOW_LIB
     + """
--- KEYS: one per limit. ARGV: now, NB, then 4 per limit: kind ('w'|'s'|'b'|'r') and three parameters:
+-- KEYS: one per limit. ARGV: now, NB, slot retry-after, clock flag, then 4 per limit: kind ('w'|'s'|'b'|'r') and
+-- three parameters:
 --   w: cost, limit, window_s    s: slot_id, limit, ttl_s    b: limit_usd, pending_usd, ''
 --   r: slot_id, '', '' (a finished request's slot on this key, freed before any check)
 -- returns {1} when admitted, else {0, index of the refusing limit, retry_after_s}
-local now = tonumber(ARGV[1])
+local now = clock_now()
 for i = 1, #KEYS do
-  local base = 3 + (i - 1) * 4
+  local base = 4 + (i - 1) * 4
   if ARGV[base + 1] == 'r' then redis.call('ZREM', KEYS[i], ARGV[base + 2]) end
 end
 local function retry_window(key, cost, limit, window)
@@ -64,13 +87,13 @@ local function retry_window(key, cost, limit, window)
   return window
 end
 local function retry_slot(key, slot_id, limit)
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', ARGV[1])
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%.17g', now))
   if redis.call('ZSCORE', key, slot_id) then return nil end
   if redis.call('ZCARD', key) < limit then return nil end
   return tonumber(ARGV[3])
 end
 for i = 1, #KEYS do
-  local base = 3 + (i - 1) * 4
+  local base = 4 + (i - 1) * 4
   local kind = ARGV[base + 1]
   local retry = nil
   if kind == 'w' then
@@ -84,7 +107,7 @@ for i = 1, #KEYS do
   if retry then return {0, i, string.format('%.17g', retry)} end
 end
 for i = 1, #KEYS do
-  local base = 3 + (i - 1) * 4
+  local base = 4 + (i - 1) * 4
   local kind = ARGV[base + 1]
   if kind == 'w' then
     reserve(KEYS[i], tonumber(ARGV[base + 2]), tonumber(ARGV[base + 4]), now)
@@ -97,18 +120,25 @@ end
 return {1}
 """
 )
-"""ARGV[3] is the slot retry-after; limits start at ARGV[4]."""
+"""ARGV[3] is the slot retry-after, ARGV[4] the clock flag; limits start at ARGV[5]."""
 
 SETTLE = (
     _WINDOW_LIB
     + """
 -- Applies one or more settlements of one scope in order. KEYS, per settlement: its windows, its slots, its spend
--- counters, then (with a settle id) the settled-ids set. ARGV: now, NB, dedupe_s, then per settlement: settle id
--- or '', n_windows, n_slots, n_counters, 3 per window (cost, window_s, reserved_at or ''), 1 per slot (slot_id),
--- 1 per counter (usd). A settlement whose id was applied within dedupe_s is skipped. Returns how many were applied.
-local now = tonumber(ARGV[1])
+-- counters, then (with a settle id) the settled-ids set. ARGV: now, NB, dedupe_s, clock flag, then per settlement:
+-- settle id or '', n_windows, n_slots, n_counters, 3 per window (cost, window_s, reserved_at or ''), 1 per slot
+-- (slot_id), 1 per counter (usd). A settlement whose id was applied within dedupe_s is skipped. Returns how many
+-- were applied.
+local now = clock_now()
 local dedupe_s = tonumber(ARGV[3])
-local k, arg, applied = 1, 4, 0
+local k, arg, applied = 1, 5, 0
+-- a reservation's time on the caller's clock, on ours: its age on the caller's clock is what skew cannot change
+local function on_our_clock(reserved_at)
+  if reserved_at == nil then return now end
+  if SERVER_CLOCK then return now - (CALLER_NOW - reserved_at) end
+  return reserved_at
+end
 local function refund(key, cost, window, reserved_at)
   local live = live_buckets(key, window, now)
   if cost > 0 then
@@ -132,14 +162,14 @@ while arg <= #ARGV do
   if sid ~= '' then
     local ids = KEYS[k + nw + ns + nc]
     redis.call('ZREMRANGEBYSCORE', ids, '-inf', string.format('%.17g', now - dedupe_s))
-    fresh = redis.call('ZADD', ids, 'NX', ARGV[1], sid) == 1
+    fresh = redis.call('ZADD', ids, 'NX', string.format('%.17g', now), sid) == 1
     redis.call('PEXPIRE', ids, math.ceil(dedupe_s * 1000))
   end
   if fresh then
     applied = applied + 1
     for i = 0, nw - 1 do
       local a = arg + 3 * i
-      refund(KEYS[k + i], tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]) or now)
+      refund(KEYS[k + i], tonumber(ARGV[a]), tonumber(ARGV[a + 1]), on_our_clock(tonumber(ARGV[a + 2])))
     end
     for i = 0, ns - 1 do redis.call('ZREM', KEYS[k + nw + i], ARGV[arg + 3 * nw + i]) end
     for i = 0, nc - 1 do
@@ -189,12 +219,16 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) 
 return 0
 """
 
-REPLICA_HEARTBEAT = """
--- KEYS[1]: the replica registry (sorted set replica id → alive until). ARGV: now, replica id, until.
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
-redis.call('ZADD', KEYS[1], ARGV[3], ARGV[2])
+REPLICA_HEARTBEAT = (
+    _CLOCK_LIB
+    + """
+-- KEYS[1]: the replica registry (sorted set replica id → alive until). ARGV: now, replica id, ttl_s, clock flag.
+local now = clock_now()
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('%.17g', now))
+redis.call('ZADD', KEYS[1], string.format('%.17g', now + tonumber(ARGV[3])), ARGV[2])
 return redis.call('ZCARD', KEYS[1])
 """
+)
 
 _LEDGER_LIB = """
 local function fmt(x) return string.format('%.17g', x) end

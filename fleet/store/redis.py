@@ -4,10 +4,11 @@ replicas and controllers. Every key starts with the configured prefix (``gearshi
 Why hand-written Lua rather than the ``limits`` library: ``limits`` checks and hits one limit at a time,
 with its own clock, and has no way to refund part of a hit. The gateway needs every limit of a request
 (requests per minute, tokens per minute, concurrency, budget) checked and reserved all-or-nothing in one
-round trip, with ``now`` injected (virtual-time tests) and token reservations reconciled afterwards. So
-``admit`` and ``settle`` are single Lua scripts (EVALSHA, falling back to EVAL when Redis lost its script cache,
-for example after a restart) running the rolling-window math of ``fleet.store.window``, which ``MemoryStore``
-runs in Python: the two agree exactly.
+round trip, on one clock for every replica (Redis's ``TIME``; the caller's ``now`` with ``server_clock=False``,
+for virtual-time tests) and token reservations reconciled afterwards. So ``admit`` and ``settle`` are single Lua
+scripts (EVALSHA, falling back to EVAL when Redis lost its script cache, for example after a restart) running the
+rolling-window math of ``fleet.store.window``, which ``MemoryStore`` runs in Python: on the same clock the two agree
+exactly.
 
 Key layout: ``fleet.store.keys`` (every script's keys share one hash tag, so the same code runs on one Redis,
 on a primary with replicas, and on Redis Cluster through redis-py's asyncio ``RedisCluster`` when
@@ -125,7 +126,7 @@ def _settle_part(keys: KeyLayout, s: Settlement) -> tuple[str, list[str], list[s
 
 
 def _settle_calls(
-    keys: KeyLayout, settlements: Sequence[Settlement], *, now: float
+    keys: KeyLayout, settlements: Sequence[Settlement], *, now: float, clock_flag: str
 ) -> list[tuple[list[str], list[str]]]:
     """One settle script call (KEYS, ARGV) per scope: a scope's settlements, in order, in one call."""
     by_scope: dict[str, list[tuple[list[str], list[str], float]]] = {}
@@ -137,7 +138,8 @@ def _settle_calls(
     for parts in by_scope.values():
         dedupe_s = max(d for _, _, d in parts)
         call_keys = [k for ks, _, _ in parts for k in ks]
-        call_args = [_num(now), str(win.BUCKETS_PER_WINDOW), _num(dedupe_s)] + [a for _, args, _ in parts for a in args]
+        head = [_num(now), str(win.BUCKETS_PER_WINDOW), _num(dedupe_s), clock_flag]
+        call_args = head + [a for _, args, _ in parts for a in args]
         calls.append((call_keys, call_args))
     return calls
 
@@ -195,8 +197,12 @@ class RedisStore:
         wait_replicas: int = 0,
         wait_timeout_s: float = WAIT_TIMEOUT_S,
         sentinel: Sentinel | None = None,
+        server_clock: bool = True,
     ) -> None:
         self._redis = client
+        self._clock_flag = "1" if server_clock else ""
+        """Limits run on Redis's ``TIME`` (default) so replicas' clocks do not matter, else on the caller's ``now``
+        (virtual-time tests; ``fleet.store.lua``)."""
         self._sentinel = sentinel
         """The Sentinels ``client`` finds its primary through (closed with it), if any."""
         self._wait_replicas = wait_replicas
@@ -231,6 +237,7 @@ class RedisStore:
         max_connections: int = 512,
         wait_s: float = 5.0,
         wait_replicas: int = 0,
+        server_clock: bool = True,
     ) -> RedisStore:
         """A store on a new pool of at most ``max_connections`` connections to ``url`` (``redis://host:port/db``);
         opening a connection gives up after ``wait_s`` seconds. The pool is redis-py's plain ``ConnectionPool``:
@@ -245,7 +252,10 @@ class RedisStore:
 
         With ``wait_replicas``, a ledger append returns only once that many replicas of the tenant's master have it
         (``WAIT``, at most ``WAIT_TIMEOUT_S``), else raises ``NotReplicated`` (the gateway then spools the records
-        and replays them; the ledger skips those already there)."""
+        and replays them; the ledger skips those already there).
+
+        ``server_clock`` (the default) runs the limits on Redis's own clock; False runs them on the ``now`` the caller
+        passes, for tests that drive virtual time."""
         retry = Retry(ExponentialBackoff(cap=0.5, base=0.05), _RETRIES)
         if cluster:
             client = RedisCluster.from_url(
@@ -255,7 +265,7 @@ class RedisStore:
                 decode_responses=True,
                 retry=retry,
             )
-            return cls(client, prefix=prefix, wait_replicas=wait_replicas)
+            return cls(client, prefix=prefix, wait_replicas=wait_replicas, server_clock=server_clock)
         pool = ConnectionPool.from_url(
             url,
             max_connections=max_connections,
@@ -264,7 +274,7 @@ class RedisStore:
             retry=retry,
             retry_on_error=[RedisConnectionError, RedisTimeoutError],
         )
-        return cls(Redis.from_pool(pool), prefix=prefix, wait_replicas=wait_replicas)
+        return cls(Redis.from_pool(pool), prefix=prefix, wait_replicas=wait_replicas, server_clock=server_clock)
 
     @classmethod
     def from_sentinels(
@@ -299,7 +309,7 @@ class RedisStore:
         if not limits:
             return Admission(allowed=True)
         single_scope(lim.key for lim in limits)
-        args = [_num(now), str(win.BUCKETS_PER_WINDOW), _num(win.SLOT_RETRY_AFTER_S)]
+        args = [_num(now), str(win.BUCKETS_PER_WINDOW), _num(win.SLOT_RETRY_AFTER_S), self._clock_flag]
         keys = [self._keys.limit(lim.key) for lim in limits]
         for lim in limits:
             args += _limit_args(lim)
@@ -328,7 +338,7 @@ class RedisStore:
 
     @checks_own_cancellation
     async def settle_many(self, settlements: Sequence[Settlement], *, now: float) -> None:
-        calls = _settle_calls(self._keys, settlements, now=now)
+        calls = _settle_calls(self._keys, settlements, now=now, clock_flag=self._clock_flag)
         if len(calls) == 1:
             await self._settle(keys=calls[0][0], args=calls[0][1])
         elif calls:
@@ -379,7 +389,7 @@ class RedisStore:
 
     # gateway replica registry --------------------------------------------------------------------------
     async def replica_heartbeat(self, replica_id: str, *, ttl_s: float, now: float) -> int:
-        args = [_num(now), replica_id, _num(now + ttl_s)]
+        args = [_num(now), replica_id, _num(ttl_s), self._clock_flag]
         return int(await self._heartbeat(keys=[self._keys.replicas()], args=args))
 
     # usage ledger --------------------------------------------------------------------------------------

@@ -27,11 +27,14 @@ REDIS_KINDS = [
 
 
 async def redis_store(request: pytest.FixtureRequest, kind: str, prefix: str) -> RedisStore:
-    """A verified ``RedisStore`` on the session's single Redis (``kind`` ``redis``) or Redis Cluster (``cluster``)."""
+    """A verified ``RedisStore`` on the session's single Redis (``kind`` ``redis``) or Redis Cluster (``cluster``),
+    its limits on the caller's ``now`` (the contract tests drive virtual time; tests/reliability/test_rel_clock_skew
+    covers the server's clock)."""
     if kind == "cluster":
-        store = RedisStore.from_url(request.getfixturevalue("redis_cluster_url"), prefix=prefix, cluster=True)
+        url = request.getfixturevalue("redis_cluster_url")
+        store = RedisStore.from_url(url, prefix=prefix, cluster=True, server_clock=False)
     else:
-        store = RedisStore.from_url(request.getfixturevalue("redis_url"), prefix=prefix)
+        store = RedisStore.from_url(request.getfixturevalue("redis_url"), prefix=prefix, server_clock=False)
     await store.verify()
     return store
 

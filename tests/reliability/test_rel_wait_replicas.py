@@ -10,6 +10,7 @@ long been replicated."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -47,11 +48,21 @@ def _record(tenant: str, request_id: str) -> UsageRecord:
     )  # fmt: skip
 
 
+async def _acknowledged(store: RedisStore, record: UsageRecord) -> bool:
+    try:
+        await store.append_usage(record)
+    except NotReplicated:
+        return False
+    return True
+
+
 async def _frozen_appends(store: RedisStore, replicas: list[Proc]) -> None:
     """Warm the pool with replicated writes, freeze ``replicas``, then check that no append, new or replayed,
     is acknowledged until they are thawed, and that a replay is acknowledged once they are."""
     warm = [_record(f"t{i % TENANTS}", f"w{i}") for i in range(4 * TENANTS)]
-    await asyncio.gather(*(store.append_usage(r) for r in warm))  # in sync: every one is acknowledged
+    await asyncio.gather(*(store.append_usage(r) for r in warm), return_exceptions=True)
+    for r in warm:  # in sync, every one is acknowledged (a replay, when a busy machine made a WAIT time out)
+        await eventually(functools.partial(_acknowledged, store, r), timeout_s=15.0)
     for proc in replicas:
         proc.pause()
     try:
@@ -71,14 +82,8 @@ async def _frozen_appends(store: RedisStore, replicas: list[Proc]) -> None:
         for proc in replicas:
             proc.resume()
 
-    async def replay_acknowledged() -> bool:
-        try:
-            await store.append_usage(records[0])
-        except NotReplicated:
-            return False
-        return True
-
-    await eventually(replay_acknowledged, timeout_s=15.0)  # the replicas caught up: the replay is acknowledged
+    # the replicas caught up: the replay is acknowledged
+    await eventually(functools.partial(_acknowledged, store, records[0]), timeout_s=15.0)
     assert (await store.usage("t0", since=0, until=time.time() + 60)).requests == 4 + APPENDS // TENANTS
 
 
