@@ -72,17 +72,22 @@ def _good_rules(tenants: TenantsConfig) -> list[dict[str, Any]]:
     return rules
 
 
+RUNBOOKS = "https://github.com/gearshift/gearshift/blob/main/docs/operations/runbooks/"
+"""Where every rule's ``runbook_url`` points (docs/operations/runbooks/<alert>.md)."""
+
+
 def _alerts() -> list[dict[str, Any]]:
     def burn(window: str) -> str:
         return BURN.format(window=window)
 
-    def alert(name: str, long: str, short: str, factor: float, severity: str) -> dict[str, Any]:
+    def alert(name: str, long: str, short: str, factor: float, severity: str, runbook: str) -> dict[str, Any]:
         return {
             "alert": name,
             "expr": f"{burn(long)} > {factor} and {burn(short)} > {factor}",
             "for": "2m",
             "labels": {"severity": severity},
             "annotations": {
+                "runbook_url": f"{RUNBOOKS}{runbook}.md",
                 "summary": f"Tier {{{{ $labels.tier }}}} burns its {{{{ $labels.slo }}}} error budget over {factor}x "
                 "too fast",
                 "description": f"Over {long} and {short}, more than {factor}x the allowed share of requests of tier "
@@ -91,8 +96,8 @@ def _alerts() -> list[dict[str, Any]]:
         }
 
     return [
-        alert("GearshiftSLABurnFast", "1h", "5m", 14.4, "page"),
-        alert("GearshiftSLABurnSlow", "6h", "30m", 6.0, "ticket"),
+        alert("GearshiftSLABurnFast", "1h", "5m", 14.4, "page", "sla-burn-fast"),
+        alert("GearshiftSLABurnSlow", "6h", "30m", 6.0, "ticket", "sla-burn-slow"),
     ]
 
 

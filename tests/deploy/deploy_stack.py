@@ -152,14 +152,24 @@ async def running_stack(tmp_path: Path) -> AsyncIterator[Stack]:
 @contextlib.asynccontextmanager
 async def running_prometheus(stack: Stack, tmp_path: Path) -> AsyncIterator[str]:
     """Debian's Prometheus scraping ``stack`` every second with the repository's rules; yields its base URL."""
+    async with prometheus_scraping(stack.targets, tmp_path, rules=rule_files()) as url:
+        yield url
+
+
+@contextlib.asynccontextmanager
+async def prometheus_scraping(
+    targets: dict[str, list[tuple[str, dict[str, str]]]], tmp_path: Path, *, rules: list[Path]
+) -> AsyncIterator[str]:
+    """Debian's Prometheus scraping ``targets`` (job → ``(host:port, labels)``) and evaluating ``rules`` every
+    second; yields its base URL."""
     exe = shutil.which("prometheus")
     assert exe is not None, "prometheus not found: run scripts/bootstrap.sh (Debian package `prometheus`)"
     config = {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-        "rule_files": [str(p) for p in rule_files()],
+        "rule_files": [str(p) for p in rules],
         "scrape_configs": [
-            {"job_name": job, "static_configs": [{"targets": [t], "labels": labels} for t, labels in targets]}
-            for job, targets in stack.targets.items()
+            {"job_name": job, "static_configs": [{"targets": [t], "labels": labels} for t, labels in job_targets]}
+            for job, job_targets in targets.items()
         ],
     }
     (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
