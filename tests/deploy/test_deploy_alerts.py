@@ -134,7 +134,8 @@ def instant_rules(tmp_path: Path) -> Path:
 @contextlib.asynccontextmanager
 async def serving(exporter: Exporter) -> AsyncIterator[dict[str, list[tuple[str, dict[str, str]]]]]:
     """The gateway's and the controller's /metrics on two loopback ports, as scrape targets by job."""
-    runners, targets = [], {}
+    runners: list[web.AppRunner] = []
+    targets: dict[str, list[tuple[str, dict[str, str]]]] = {}
     for job, handler in (
         ("gearshift-gateway", exporter.serve_gateway),
         ("gearshift-controller", exporter.serve_controller),
