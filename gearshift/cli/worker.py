@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -24,6 +25,7 @@ from fleet.store.factory import build_store
 from gearshift.cli.worker_drain import drain_command
 from workers.vllm.cpu_server import (
     TINY_K_MAX,
+    TINY_MAX_NUM_SEQS,
     ServerStartError,
     build_tiny_model,
     running_server,
@@ -32,13 +34,15 @@ from workers.vllm.cpu_server import (
 )
 from workers.vllm.follower import Follower
 from workers.vllm.launcher import CpuOptions, Entrypoint, LaunchError, LaunchPlan, MultiNode, bind_host, build_launch
-from workers.vllm.measure import (
-    format_table,
-    format_tax_table,
-    k0_tax,
-    process_group_rss_bytes,
-    sweep,
-    without_speculation,
+from workers.vllm.measure import format_table, process_group_rss_bytes, sweep, without_speculation
+from workers.vllm.measure_idle import (
+    ARMS,
+    PLAIN,
+    AcceptanceWindow,
+    acceptance_window,
+    format_acceptance,
+    format_idle_tax,
+    idle_tax,
 )
 from workers.vllm.supervisor import Supervisor, serve
 
@@ -194,12 +198,22 @@ def measure_command(
         bool,
         typer.Option(
             "--k0-tax",
-            help="Instead: time per token at k = 0 on a speculating worker against one started without speculation.",
+            help="Instead: time per token at k = 0 with speculation, with the plugin's idle-drafter skip off (stock) "
+            "and on, against the same worker started without speculation; greedy outputs; acceptance after k returns.",
         ),
     ] = False,
     batch_sizes: Annotated[
         str, typer.Option("--batch-sizes", help="Comma-separated concurrent requests, with --k0-tax.")
-    ] = "1,4,8",
+    ] = "1,8,32",
+    acceptance_tokens: Annotated[
+        int,
+        typer.Option(
+            "--acceptance-tokens",
+            min=0,
+            max=900,
+            help="With --k0-tax: tokens per stream of the acceptance check (k = 0 → k_max at half; 0: skip it).",
+        ),
+    ] = 400,
     draft_model: Annotated[
         bool,
         typer.Option(
@@ -210,7 +224,8 @@ def measure_command(
     ] = False,
 ) -> None:
     """Start the tiny CPU worker, report start-up time and memory, then tokens per draft and tokens/s per k
-    (with --k0-tax: the cost of k = 0 with speculation configured, over no speculative config)."""
+    (with --k0-tax: the cost of k = 0 with speculation configured, vLLM's own and the plugin's, over no
+    speculative config)."""
     root = work_dir or Path(tempfile.mkdtemp(prefix="gearshift-measure-"))
     model_dir = build_tiny_model(root / "tiny-llama")
     if k0_tax_only:
@@ -224,6 +239,7 @@ def measure_command(
             rounds=rounds,
             worker_process=worker_process,
             spec_extra=extra,
+            acceptance_tokens=acceptance_tokens,
         )
         return
     port = free_port()
@@ -253,6 +269,10 @@ def measure_command(
         raise typer.Exit(1) from exc
 
 
+_READY_TIMEOUT_S = 600.0
+"""Three servers start at once on a shared machine: each took 15–130 s alone."""
+
+
 def _measure_k0_tax(
     root: Path,
     model_dir: Path,
@@ -262,37 +282,73 @@ def _measure_k0_tax(
     rounds: int,
     worker_process: bool,
     spec_extra: dict[str, str],
+    acceptance_tokens: int,
 ) -> None:
-    """Start a speculating and a speculation-free tiny CPU worker side by side and compare k = 0 on them."""
+    """Start three tiny CPU workers side by side (no speculation; speculation with vLLM's own k = 0; speculation
+    with the plugin's idle-drafter skip) and compare k = 0 on them (``workers.vllm.measure_idle``)."""
     cpu = CpuOptions(in_process_worker=not worker_process)
-    spec = tiny_worker(port=free_port(), model_dir=model_dir, worker_id="tiny-spec")
-    plain = tiny_worker(port=free_port(), model_dir=model_dir, worker_id="tiny-plain")
-    spec_plan = tiny_plan(spec, cpu=cpu, speculative_extra=spec_extra)
-    plain_plan = without_speculation(tiny_plan(plain, cpu=cpu))
+    max_num_seqs = max(TINY_MAX_NUM_SEQS, *batch_sizes)
+    workers = {
+        name: tiny_worker(port=free_port(), model_dir=model_dir, worker_id=f"tiny-{name}", max_num_seqs=max_num_seqs)
+        for name in ARMS
+    }
+    plans = {
+        name: tiny_plan(w, cpu=cpu, speculative_extra=spec_extra)
+        if name != PLAIN
+        else without_speculation(tiny_plan(w, cpu=cpu))
+        for name, w in workers.items()
+    }
+    envs = {PLAIN: {}, "stock": {"GEARSHIFT_IDLE_DRAFTER": "stock"}, "skip": {"GEARSHIFT_IDLE_DRAFTER": "skip"}}
     token = CommonSettings().control_token.get_secret_value()
-    typer.echo(spec_plan.shell())
-    typer.echo(plain_plan.shell())
+    for name in ARMS:
+        typer.echo(f"{name}: {' '.join(f'{k}={v}' for k, v in envs[name].items())} {plans[name].shell()}")
+    load_before = os.getloadavg()
+    urls = {name: w.url for name, w in workers.items()}
     try:
-        with (
-            running_server(spec_plan, url=spec.url, log_path=root / "vllm-spec.log") as spec_server,
-            running_server(plain_plan, url=plain.url, log_path=root / "vllm-plain.log") as plain_server,
-        ):
-            results = asyncio.run(
-                k0_tax(
-                    spec.url,
-                    plain.url,
-                    model=spec.model,
-                    token=token,
-                    batch_sizes=batch_sizes,
-                    max_tokens=max_tokens,
-                    rounds=rounds,
-                    pgids=(spec_server.pid, plain_server.pid),
+        with contextlib.ExitStack() as stack:
+            servers = {
+                name: stack.enter_context(
+                    running_server(
+                        plans[name],
+                        url=urls[name],
+                        log_path=root / f"vllm-{name}.log",
+                        extra_env=envs[name],
+                        ready_timeout_s=_READY_TIMEOUT_S,
+                    )
                 )
-            )
+                for name in ARMS
+            }
+            pgids = {name: server.pid for name, server in servers.items()}
+            model = workers[PLAIN].model
+            run = asyncio.run(
+                idle_tax(urls, model=model, token=token, batch_sizes=batch_sizes, max_tokens=max_tokens,
+                         rounds=rounds, pgids=pgids)
+            )  # fmt: skip
+            typer.echo(format_idle_tax(run, batch_sizes))
+            if acceptance_tokens > 0:
+                typer.echo(
+                    _acceptance(urls, model=model, token=token, requests=max(batch_sizes), tokens=acceptance_tokens)
+                )
     except ServerStartError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from exc
-    typer.echo(format_tax_table(results))
+    load_after = os.getloadavg()
+    typer.echo(f"load average (1, 5, 15 min) before {load_before}, after {load_after}")
+
+
+def _acceptance(urls: dict[str, str], *, model: str, token: str, requests: int, tokens: int) -> str:
+    """For each speculating server: a batch that never leaves k_max, then one that starts at k = 0 and returns."""
+
+    async def measure() -> list[tuple[str, AcceptanceWindow, AcceptanceWindow]]:
+        rows = []
+        for name in ("skip", "stock"):
+            common = {"model": model, "token": token, "k_max": TINY_K_MAX, "requests": requests, "max_tokens": tokens}
+            never = await acceptance_window(urls[name], leave=False, version=100, **common)  # type: ignore[arg-type]
+            back = await acceptance_window(urls[name], leave=True, version=101, **common)  # type: ignore[arg-type]
+            rows.append((name, never, back))
+        return rows
+
+    return format_acceptance(asyncio.run(measure()))
 
 
 def register(root: typer.Typer) -> None:

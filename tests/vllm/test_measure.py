@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 from fleet.scrape import WorkerScrape
 from workers.vllm.cpu_server import tiny_plan, tiny_worker
 from workers.vllm.measure import (
@@ -92,3 +94,26 @@ def test_cpu_seconds_sum_user_and_system_time_of_the_process_group(tmp_path: Pat
     proc(200, 200, 9000, 0)
     ticks = os.sysconf("SC_CLK_TCK")
     assert process_group_cpu_seconds(100, proc_root=tmp_path) == 500 / ticks
+
+
+def test_the_idle_tax_pairs_each_server_with_plain_in_its_round_and_compares_greedy_texts() -> None:
+    from workers.vllm.measure_idle import IdleTaxRun, format_idle_tax, rotated
+
+    def batch(seconds: float, texts: tuple[str, ...] = ("a", "b")) -> BatchResult:
+        return BatchResult(200, seconds, WorkerScrape(), texts=texts)
+
+    run = IdleTaxRun(
+        {
+            ("plain", 2): (batch(1.0), batch(2.0)),
+            ("stock", 2): (batch(1.8), batch(3.6)),
+            ("skip", 2): (batch(1.02), batch(2.0, texts=("a", "c"))),
+        }
+    )
+    assert run.tax("stock", 2).round_taxes == pytest.approx((0.8, 0.8))
+    assert run.tax("skip", 2).tax == pytest.approx(0.01)
+    assert run.outputs_equal("stock", 2)
+    assert not run.outputs_equal("skip", 2)
+    row = format_idle_tax(run, [2]).splitlines()[1].split()
+    assert row[4:6] == ["+80.0%", "+1.0%"]
+    assert row[-1] == "NO"
+    assert rotated(["p", "s", "k"], 4) == ["s", "k", "p"]

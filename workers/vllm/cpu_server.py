@@ -41,7 +41,9 @@ class RunningServer:
     log_path: Path
 
 
-def tiny_worker(*, port: int, model_dir: Path, worker_id: str = "tiny-0") -> WorkerConfig:
+def tiny_worker(
+    *, port: int, model_dir: Path, worker_id: str = "tiny-0", max_num_seqs: int = TINY_MAX_NUM_SEQS
+) -> WorkerConfig:
     """Fleet entry of a CPU worker serving the tiny random Llama as ``tiny`` with ngram speculation."""
     return WorkerConfig(
         id=worker_id,
@@ -52,7 +54,7 @@ def tiny_worker(*, port: int, model_dir: Path, worker_id: str = "tiny-0") -> Wor
         gpus=1,
         usd_per_gpu_hour=0.0,
         drafter=DrafterConfig(name="ngram", method="ngram", k_max=TINY_K_MAX),
-        max_num_seqs=TINY_MAX_NUM_SEQS,
+        max_num_seqs=max_num_seqs,
         tensor_parallel_size=1,
     )
 

@@ -38,6 +38,8 @@ class BatchResult:
     cpu_s: float | None = None
     """CPU seconds the server's processes used over the batch (None: not measured). Unlike wall time, other work
     on the machine barely moves it."""
+    texts: tuple[str, ...] = ()
+    """The completions' texts, in request order (prompt ``i`` is ``batch_prompt(i)``)."""
 
     @property
     def tokens_per_second(self) -> float:
@@ -50,13 +52,19 @@ async def read_counters(client: httpx.AsyncClient, base_url: str) -> WorkerScrap
     return parse_worker_metrics(response.text)
 
 
+def batch_prompt(i: int) -> str:
+    """The prompt of a batch's request ``i``: distinct per request, the same on every server."""
+    return f"the quick brown fox {i} jumps"
+
+
 async def _complete(
     client: httpx.AsyncClient, base_url: str, *, model: str, prompt: str, max_tokens: int, temperature: float
-) -> int:
+) -> tuple[int, str]:
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": temperature}
     response = await client.post(f"{base_url}/v1/completions", json={**body, "ignore_eos": True})
     response.raise_for_status()
-    return int(response.json()["usage"]["completion_tokens"])
+    answer = response.json()
+    return int(answer["usage"]["completion_tokens"]), str(answer["choices"][0]["text"])
 
 
 async def run_batch(
@@ -74,8 +82,8 @@ async def run_batch(
     before = await read_counters(client, base_url)
     cpu_before = process_group_cpu_seconds(cpu_pgid) if cpu_pgid is not None else None
     started = time.perf_counter()
-    prompts = [f"the quick brown fox {i} jumps" for i in range(requests)]
-    tokens = await asyncio.gather(
+    prompts = [batch_prompt(i) for i in range(requests)]
+    answers = await asyncio.gather(
         *(
             _complete(client, base_url, model=model, prompt=p, max_tokens=max_tokens, temperature=temperature)
             for p in prompts
@@ -86,7 +94,13 @@ async def run_batch(
         process_group_cpu_seconds(cpu_pgid) - cpu_before if cpu_pgid is not None and cpu_before is not None else None
     )
     after = await read_counters(client, base_url)
-    return BatchResult(completion_tokens=sum(tokens), seconds=seconds, counters=after - before, cpu_s=cpu_s)
+    return BatchResult(
+        completion_tokens=sum(n for n, _ in answers),
+        seconds=seconds,
+        counters=after - before,
+        cpu_s=cpu_s,
+        texts=tuple(text for _, text in answers),
+    )
 
 
 def _group_stats(pgid: int, proc_root: Path) -> Iterator[tuple[Path, list[str]]]:

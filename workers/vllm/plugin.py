@@ -1,7 +1,8 @@
 """The gearshift vLLM plugin: its two entry points (named in pyproject.toml).
 
 - ``vllm.general_plugins`` → ``register_engine_hooks``: runs in every vLLM process; adds the speculation
-  method to ``EngineCore`` and a lease check before each engine step. Inert where no engine is built.
+  method to ``EngineCore`` and a lease check before each engine step, and puts the idle-drafter skip into
+  the model runner the process builds (``workers.vllm.idle_drafter``). Inert where no engine is built.
 - ``vllm.endpoint_plugins`` → ``register_routes``: returns the endpoint plugin that serves
   ``GET/PUT /gearshift/v1/speculation`` on vLLM's API server.
 
@@ -20,10 +21,10 @@ from fastapi import FastAPI
 from prometheus_client import REGISTRY
 
 from fleet.clock import SystemClock
-from workers.vllm import internals
+from workers.vllm import idle_drafter, internals
 from workers.vllm.api import STATE_ATTR, SpeculationFront, create_router, poll_forever
 from workers.vllm.control import EngineSpeculation, Reply
-from workers.vllm.settings import VllmPluginSettings
+from workers.vllm.settings import IdleDrafter, VllmPluginSettings
 from workers.vllm.spec_metrics import WorkerSpecMetrics
 
 log = logging.getLogger("vllm.gearshift")
@@ -63,6 +64,15 @@ def register_engine_hooks() -> None:
             log.debug("gearshift: engine hooks installed")
     except Exception:  # never break vLLM's start-up because of the plugin
         log.exception("gearshift: installing the engine hooks failed; speculation control is disabled")
+    try:
+        mode = VllmPluginSettings().idle_drafter
+    except ValueError as exc:  # bad GEARSHIFT_* settings: the drafter runs as stock vLLM runs it
+        log.error("gearshift: idle-drafter skip off: invalid settings: %s", exc)
+        mode = IdleDrafter.STOCK
+    try:
+        idle_drafter.install(mode)
+    except Exception:
+        log.exception("gearshift: installing the idle-drafter skip failed; the drafter runs as in stock vLLM")
 
 
 # ---------------------------------------------------------------------------------------- API server side

@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Annotated, Self
 
 from pydantic import Field, model_validator
 
 from fleet.config import CommonSettings, exposure, refuse_dev_secrets
+
+
+class IdleDrafter(StrEnum):
+    """What the drafter does on a step where no request verifies a draft (every k = 0)."""
+
+    STOCK = "stock"
+    """vLLM's own behaviour: the drafter runs (the idle-drafter tax)."""
+    SKIP = "skip"
+    """The plugin skips the drafter's work and keeps its context current (``workers.vllm.idle_v1``/``idle_v2``)."""
 
 
 class VllmPluginSettings(CommonSettings):
@@ -17,6 +27,8 @@ class VllmPluginSettings(CommonSettings):
     spec_poll_seconds: Annotated[float, Field(gt=0, le=60)] = 1.0
     """Seconds between the API server's reads of the engine's schedule: it refreshes the worker metrics and
     lets a lease expire on an idle engine (a busy engine checks its lease before every step anyway)."""
+    idle_drafter: IdleDrafter = IdleDrafter.SKIP
+    """``GEARSHIFT_IDLE_DRAFTER``: ``skip`` (default) or ``stock`` (to measure the tax the skip removes)."""
     host: str | None = None
     """The API server's listen address (the plugin passes vLLM's ``--host``; "" for every interface); None in
     the engine process, which listens nowhere."""

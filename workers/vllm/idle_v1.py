@@ -1,0 +1,204 @@
+"""The idle-drafter skip on vLLM 0.32's V1 model runner (``vllm/v1/worker/gpu_model_runner.py``), the runner the
+CPU worker runs (``CPUModelRunner(GPUModelRunner)``). Imported only inside vLLM processes (it imports torch).
+
+What stock V1 does at k = 0 (``scheduler_output.num_spec_tokens_to_schedule == 0``), read from its source:
+``sample_tokens`` still calls ``propose_draft_token_ids``; for a draft model (``SpecDecodeBaseProposer.propose``)
+that runs the first forward over the step's tokens "to keep the drafter KV cache in sync" and returns no draft;
+for ngram it runs the n-gram search over every context (numba, all cores). At k > 0 it already drafts k steps,
+not ``num_speculative_tokens`` (``for token_index in range(self.num_speculative_tokens - 1)`` after
+``self.num_speculative_tokens = num_speculative_tokens``).
+
+What the skip changes, for the two methods it knows (others keep stock behaviour, which for EAGLE/MTP is
+already "run only the state-keeping first pass"):
+
+- ``ngram``: at k = 0 nothing runs (it has no state: it reads the token ids every step).
+- ``draft_model``: at k = 0, on a step that verifies no drafts, only the bookkeeping the runner needs for its next
+  step runs (``prepare_next_token_ids_padded`` and ``_copy_valid_sampled_token_count``, as vLLM does itself when
+  the input does not fit the drafter); the step's token ids and positions (device tensors, already exact under
+  async scheduling, where the CPU copies hold placeholders) are stashed. The first step at k > 0 replays every
+  stashed position of each request in one batched drafter forward (a prefill of the hole, chunked to the token
+  budget) before drafting, so the drafter's KV is what it would have been. Cost: one drafter prefill of the
+  positions skipped, once per return to k > 0, against one drafter forward per step on every skipped step.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from workers.vllm.drafter_lag import CatchUp, DrafterLag, pack
+
+log = logging.getLogger("vllm.gearshift")
+
+_SKIP_ATTR = "_gearshift_idle_drafter"
+_PRUNE_EVERY = 64
+"""Skipped steps between drops of finished requests from the ledger (and their stashed tensors)."""
+
+Original = Callable[..., Any]
+
+
+class NgramSkip:
+    """ngram at k = 0: no search (it keeps no state)."""
+
+    def propose(self, original: Original, runner: Any, args: tuple[Any, ...]) -> Any:
+        scheduler_output = args[0]
+        if scheduler_output.num_spec_tokens_to_schedule == 0:
+            return [[] for _ in range(runner.input_batch.num_reqs)]
+        return original(runner, *args)
+
+
+class DraftModelSkip:
+    """draft_model at k = 0: no drafter forward; the positions it missed are replayed when k returns."""
+
+    def __init__(self) -> None:
+        self.lag = DrafterLag()
+        self._stash: dict[int, tuple[Any, Any]] = {}
+        self._skips = 0
+        self.replayed_tokens = 0
+        """Positions replayed so far (the catch-up's work, for logs and tests)."""
+
+    def propose(self, original: Original, runner: Any, args: tuple[Any, ...]) -> Any:
+        scheduler_output, sampled_token_ids = args[0], args[1]
+        spec_decode_metadata, common_attn_metadata = args[6], args[7]
+        if scheduler_output.num_spec_tokens_to_schedule == 0 and spec_decode_metadata is None:
+            return self._skip(runner, scheduler_output, sampled_token_ids)
+        if self.lag:  # a step that verifies drafts, or the first at k > 0: the drafter must see every position
+            self._catch_up(runner, common_attn_metadata)
+        return original(runner, *args)
+
+    def _skip(self, runner: Any, scheduler_output: Any, sampled_token_ids: Any) -> Any:
+        batch = runner.input_batch
+        num_reqs = batch.num_reqs
+        next_token_ids, valid_counts = runner.drafter.prepare_next_token_ids_padded(
+            sampled_token_ids, runner.requests, batch, runner.discard_request_mask.gpu
+        )
+        runner._copy_valid_sampled_token_count(next_token_ids, valid_counts)
+        num_tokens = scheduler_output.total_num_scheduled_tokens
+        step = self.lag.skipped(
+            batch.req_ids[:num_reqs], runner.query_start_loc.np[: num_reqs + 1], batch.num_computed_tokens_cpu
+        )
+        self._stash[step] = (
+            runner.input_ids.gpu[:num_tokens].clone(),
+            runner._get_positions(num_tokens).clone(),
+        )
+        self._skips += 1
+        if self._skips % _PRUNE_EVERY == 0:
+            self._prune(runner)
+        return torch.empty((num_reqs, 0), dtype=torch.int64, device=runner.device)
+
+    def _prune(self, runner: Any) -> None:
+        self.lag.forget_all_but(runner.requests)
+        used = self.lag.stashes_in_use()
+        for step in [s for s in self._stash if s not in used]:
+            del self._stash[step]
+
+    def _catch_up(self, runner: Any, common_attn_metadata: Any) -> None:
+        batch = runner.input_batch
+        num_reqs = batch.num_reqs
+        due = self.lag.due(batch.req_ids[:num_reqs], batch.num_computed_tokens_cpu)
+        drafter = runner.drafter
+        with torch.inference_mode():
+            for forward in pack(due, max_tokens=drafter.max_num_tokens):
+                self._replay(drafter, common_attn_metadata, forward)
+        self.replayed_tokens += sum(c.length for c in due)
+        self._prune(runner)
+
+    def _replay(self, drafter: Any, cad: Any, forward: list[tuple[CatchUp, int, int]]) -> None:
+        """One drafter forward over ``forward``'s pieces: each a prefill chunk of its request, attending to the
+        request's earlier positions in the KV cache and writing the drafter's KV for its own."""
+        from vllm.config.compilation import CUDAGraphMode
+        from vllm.forward_context import set_forward_context
+        from vllm.v1.attention.backend import CommonAttentionMetadata
+
+        ids, positions, rows, lengths, seq_lens = [], [], [], [], []
+        for catch_up, start, stop in forward:
+            for seg in catch_up.segments:
+                lo, hi = max(seg.first, start), min(seg.end, stop)
+                if lo < hi:
+                    stash_ids, stash_pos = self._stash[seg.step]
+                    a = seg.offset + lo - seg.first
+                    ids.append(stash_ids[a : a + hi - lo])
+                    positions.append(stash_pos[a : a + hi - lo])
+            rows.append(catch_up.row)
+            lengths.append(stop - start)
+            seq_lens.append(stop)
+        device = cad.block_table_tensor.device
+        num_tokens = sum(lengths)
+        token_ids, token_pos = torch.cat(ids), torch.cat(positions)
+        query_start_cpu = torch.zeros(len(rows) + 1, dtype=torch.int32)
+        query_start_cpu[1:] = torch.cumsum(torch.tensor(lengths, dtype=torch.int32), 0)
+        seq_lens_cpu = torch.tensor(seq_lens, dtype=torch.int32)
+        block_table = cad.block_table_tensor[torch.tensor(rows, device=device)]
+        owner = torch.repeat_interleave(torch.arange(len(rows)), torch.tensor(lengths)).to(device)
+        block_size = drafter.block_size
+        slots = block_table[owner, token_pos // block_size].long() * block_size + token_pos % block_size
+        meta = CommonAttentionMetadata(
+            query_start_loc=query_start_cpu.to(device),
+            query_start_loc_cpu=query_start_cpu,
+            seq_lens=seq_lens_cpu.to(device),
+            num_reqs=len(rows),
+            num_actual_tokens=num_tokens,
+            max_query_len=max(lengths),
+            max_seq_len=max(seq_lens),
+            block_table_tensor=block_table,
+            slot_mapping=slots,
+            causal=True,
+            seq_lens_cpu_upper_bound=seq_lens_cpu,
+        )
+        _, per_layer = drafter.build_per_group_and_layer_attn_metadata(meta)
+        drafter.input_ids[:num_tokens] = token_ids
+        drafter.positions[:num_tokens] = token_pos
+        with set_forward_context(
+            per_layer,
+            drafter.vllm_config,
+            num_tokens=num_tokens,
+            cudagraph_runtime_mode=CUDAGraphMode.NONE,
+            slot_mapping=drafter._get_slot_mapping(num_tokens, slots),
+        ):
+            drafter.model(
+                input_ids=drafter.input_ids[:num_tokens], positions=drafter.positions[:num_tokens], inputs_embeds=None
+            )
+
+
+def skip_for(runner: Any) -> NgramSkip | DraftModelSkip | None:
+    """The skip for ``runner``'s speculative method, built once per runner; None: stock behaviour."""
+    if _SKIP_ATTR in runner.__dict__:
+        skip: NgramSkip | DraftModelSkip | None = runner.__dict__[_SKIP_ATTR]
+        return skip
+    spec = runner.speculative_config
+    skip = None
+    if spec is not None and spec.method == "ngram":
+        skip = NgramSkip()
+    elif spec is not None and spec.uses_draft_model() and _replayable(runner, spec):
+        skip = DraftModelSkip()
+    log.info("gearshift: idle-drafter skip on the V1 runner: %s", type(skip).__name__ if skip else "none (stock)")
+    runner.__dict__[_SKIP_ATTR] = skip
+    return skip
+
+
+def _replayable(runner: Any, spec: Any) -> bool:
+    """The replay rebuilds the drafter's plain causal prefill: no M-RoPE, no multimodal inputs, padded batches."""
+    drafter = runner.drafter
+    return not (
+        spec.disable_padded_drafter_batch
+        or getattr(drafter, "uses_mrope", False)
+        or getattr(drafter, "supports_mm_inputs", False)
+        or getattr(drafter, "use_heterogeneous_vocab", False)
+    )
+
+
+def with_skip(original: Original) -> Original:
+    """``GPUModelRunner.propose_draft_token_ids`` (V1) behind the skip."""
+
+    @functools.wraps(original)
+    def propose_draft_token_ids(self: Any, *args: Any) -> Any:
+        skip = skip_for(self)
+        if skip is None:
+            return original(self, *args)
+        return skip.propose(original, self, args)
+
+    return propose_draft_token_ids
