@@ -33,7 +33,7 @@ from workers.vllm.cpu_server import (
     tiny_worker,
 )
 from workers.vllm.follower import Follower
-from workers.vllm.launcher import CpuOptions, Entrypoint, LaunchError, LaunchPlan, MultiNode, bind_host, build_launch
+from workers.vllm.launcher import CpuOptions, Entrypoint, LaunchError, LaunchPlan, MultiNode, build_launch
 from workers.vllm.measure import format_table, process_group_rss_bytes, sweep, without_speculation
 from workers.vllm.measure_idle import (
     ARMS,
@@ -44,7 +44,7 @@ from workers.vllm.measure_idle import (
     format_idle_tax,
     idle_tax,
 )
-from workers.vllm.supervisor import Supervisor, serve
+from workers.vllm.supervisor import Supervisor, restart_bind_host, serve
 
 app = typer.Typer(help="Real vLLM workers: launch one from the fleet file, drain one, or measure the CPU worker.")
 app.command("drain")(drain_command)
@@ -178,8 +178,9 @@ def _supervise(launch: _Launch, common: CommonSettings) -> None:
                 return
             supervisor = Supervisor(plan_for, url=worker.url.rstrip("/"), log_dir=Path(logs))
             await serve(
-                supervisor, host=bind_host(worker.restart_url or ""), port=parts.port or 80,
+                supervisor, host=restart_bind_host(worker.restart_url or ""), port=parts.port or 80,
                 control_token=common.control_token.get_secret_value(), stop=stop, on_ready=cleared_drain,
+                redis_url=common.redis_url, allow_dev_secrets=common.allow_dev_secrets,
             )  # fmt: skip
 
     asyncio.run(run())

@@ -12,18 +12,22 @@ on the worker fail with it: the controller restarts only a drained worker. The s
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import os
+import socket
 import subprocess
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import orjson
 from aiohttp import web
-from pydantic import ValidationError
+from pydantic import SecretStr, ValidationError
 
 from fleet.bearer import bearer_matches
+from fleet.config import exposure, refuse_dev_secrets
 from fleet.restart import RESTART_PATH, RestartRequest, RestartState
 from workers.vllm.cpu_server import REPO_ROOT, stop_group, wait_healthy
 from workers.vllm.launcher import LaunchPlan
@@ -152,6 +156,43 @@ def supervisor_app(supervisor: Supervisor, *, control_token: str) -> web.Applica
     return app
 
 
+def restart_bind_host(url: str) -> str:
+    """The address the restart control listens on for ``restart_url`` ``url``: its host when that is an IP literal
+    (``localhost``: 127.0.0.1); for a DNS name, the first address it resolves to that is this machine's (a pod's own
+    name, a name in ``/etc/hosts``), so the control listens on that interface only; every interface (``0.0.0.0``)
+    only when the name resolves to no local address (a Kubernetes Service name) or not at all."""
+    host = urlsplit(url).hostname or ""
+    if host == "localhost":
+        return "127.0.0.1"
+    try:
+        return str(ipaddress.ip_address(host))
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except OSError:
+        return "0.0.0.0"
+    for family, _, _, _, address in infos:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            try:
+                probe.bind((address[0], 0))  # only a local address can be bound
+            except OSError:
+                continue
+        return str(address[0])
+    return "0.0.0.0"
+
+
+def refuse_weak_control_token(control_token: str, *, host: str, redis_url: str | None, allow_dev_secrets: bool) -> None:
+    """The dev-secret guard of every gearshift server (``fleet.config.refuse_dev_secrets``) for the restart control:
+    listening beyond loopback on ``host``, or in shared mode (``redis_url``), the development control token is
+    refused (``ConfigError``) unless ``allow_dev_secrets`` (``GEARSHIFT_ALLOW_DEV_SECRETS=1``)."""
+    refuse_dev_secrets(
+        {"control_token": SecretStr(control_token)},
+        exposed=exposure(redis_url=redis_url, host=host),
+        allowed=allow_dev_secrets,
+    )
+
+
 async def serve(
     supervisor: Supervisor,
     *,
@@ -160,9 +201,13 @@ async def serve(
     control_token: str,
     stop: asyncio.Event,
     on_ready: Callable[[], Awaitable[None]] | None = None,
+    redis_url: str | None = None,
+    allow_dev_secrets: bool = False,
 ) -> None:
     """Start vLLM, await ``on_ready`` once it is healthy, serve the restart control on ``host:port`` until ``stop``,
-    then stop vLLM."""
+    then stop vLLM. A development control token beyond loopback or in shared mode (``redis_url``) is refused before
+    anything starts (``refuse_weak_control_token``)."""
+    refuse_weak_control_token(control_token, host=host, redis_url=redis_url, allow_dev_secrets=allow_dev_secrets)
     await asyncio.to_thread(supervisor.start)
     if on_ready is not None:
         await on_ready()
