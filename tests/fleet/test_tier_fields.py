@@ -2,7 +2,9 @@
 docs' table (docs/concepts/tiers.md) says what it does (issue 16: ``sheddable`` used to be read nowhere).
 
 ``SHOWN_BY`` is the register: a new ``TierConfig`` field fails here until a test of its effect is named, a renamed
-or deleted test fails here, and the docs' table must list exactly these fields.
+or deleted test fails here, and the docs' table must list exactly these fields. Serving code must read the field off
+a tier (``reads_tier_field``: parsed attribute loads on a receiver named as a tier; issue 23 defect 8 was a regex
+that ``from fleet.speculation import`` and ``entry.priority`` satisfied for any field).
 """
 
 from __future__ import annotations
@@ -74,17 +76,55 @@ def test_the_named_tests_exist(field: str) -> None:
         assert name in _test_names(ROOT / file), f"{field}: {node} is not a test"
 
 
+def _last_name(node: ast.expr) -> str:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    return ""
+
+
+def reads_tier_field(source: str, field: str) -> bool:
+    """True when ``source`` reads ``field`` off a tier: an attribute load ``<receiver>.field`` (parsed, so imports,
+    comments and strings never count) whose receiver's last name says it is a tier (``tier``, ``ctx.tier``,
+    ``self.principal.tier``, ``lambda tier: tier.field``, ``tenant_tier``); ``entry.priority`` is another record's."""
+    return any(
+        isinstance(node, ast.Attribute)
+        and node.attr == field
+        and isinstance(node.ctx, ast.Load)
+        and "tier" in _last_name(node.value).lower()
+        for node in ast.walk(ast.parse(source))
+    )
+
+
 @pytest.mark.parametrize("field", sorted(SHOWN_BY))
 def test_serving_code_reads_the_field(field: str) -> None:
-    """Some gateway or controller module reads ``.field`` (a field read nowhere changes nothing)."""
-    read = re.compile(rf"\.{field}\b")
+    """Some gateway or controller module reads ``.field`` off a tier (a field read nowhere changes nothing)."""
     readers = [
         path.relative_to(ROOT)
         for package in SERVING
         for path in (ROOT / package).rglob("*.py")
-        if read.search(path.read_text())
+        if reads_tier_field(path.read_text(), field)
     ]
     assert readers, f"{field} is read nowhere in {SERVING}"
+
+
+UNRELATED = """
+from fleet.speculation import FullSpeed  # a module named like a field
+import fleet.sheddable
+entry.priority + worker.tpot_target_s  # another record's attribute of the same name
+\"\"\"tier.brownout_max_tokens in a docstring\"\"\"
+# tier.ttft_target_s in a comment
+"""
+
+
+@pytest.mark.parametrize("field", sorted(SHOWN_BY))
+def test_the_register_check_fails_for_a_field_read_nowhere(field: str) -> None:
+    """Issue 23 defect 8: the check above must not pass on imports, comments, docstrings or other records'
+    attributes that share a field's name."""
+    assert not reads_tier_field(UNRELATED, field)
+    assert reads_tier_field(f"x = ctx.tier.{field}", field)
+    assert reads_tier_field(f"pick = lambda tier: tier.{field}", field)
 
 
 def test_the_docs_table_lists_every_tier_field() -> None:
