@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from enum import StrEnum
 from functools import cached_property
 from importlib import resources
 from pathlib import Path
@@ -71,6 +72,16 @@ class TargetModel(_Strict):
     (``state_memory_bytes``). 0: no such layers."""
 
 
+class IdleDrafterMode(StrEnum):
+    """What a worker started with a drafter does on a step where no request verifies a draft (every k = 0)."""
+
+    STOCK = "stock"
+    """vLLM's own behaviour: the drafter still runs its pass (``DrafterModel.k0_tax``)."""
+    PLUGIN = "plugin"
+    """The gearshift plugin skips the drafter's work and keeps its context current (``workers/vllm/idle_v*.py``;
+    ``GEARSHIFT_IDLE_DRAFTER=skip`` on the worker, its default): ``DrafterModel.k0_tax_plugin``."""
+
+
 class IdleDrafterTax(_Strict):
     """Extra time of a k = 0 decode step on a worker started with a drafter (a speculative config), as a fraction
     of the same step's target time on a worker started without one: on a GPU the graphs captured for speculation
@@ -104,8 +115,17 @@ class DrafterModel(_Strict):
     weight_bytes: Annotated[float, Field(ge=0)] = 0.0
     """The drafter's weights, bytes (memory only: its per-pass cost is in ``fixed_s``)."""
     k0_tax: IdleDrafterTax | None = None
-    """What a k = 0 step costs on a worker started with this drafter, over one started without it (None: nothing,
-    as on an eager engine)."""
+    """The ``stock`` term: what a k = 0 step costs on a worker started with this drafter under vLLM's own
+    behaviour, over one started without it (None: nothing, as on an eager engine)."""
+    k0_tax_plugin: IdleDrafterTax | None = None
+    """The ``plugin`` term: the same with the gearshift plugin's idle-drafter skip (``IdleDrafterMode.PLUGIN``).
+    None: not known for this profile, and a plugin worker is charged the stock term."""
+
+    def idle_tax(self, mode: IdleDrafterMode) -> IdleDrafterTax | None:
+        """The k = 0 tax term of a worker in ``mode``."""
+        if mode is IdleDrafterMode.PLUGIN and self.k0_tax_plugin is not None:
+            return self.k0_tax_plugin
+        return self.k0_tax
 
 
 class Hardware(_Strict):
@@ -210,8 +230,10 @@ class StepShape:
     prefill_tokens: int = 0
     """Prompt tokens prefilled in this step (chunked prefill)."""
     drafter_loaded: bool = False
-    """The worker was started with a drafter: a k = 0 decode step then pays ``DrafterModel.k0_tax``. False (the
-    default) is a worker started without speculation, or a model whose profile has no tax."""
+    """The worker was started with a drafter: a k = 0 decode step then pays ``DrafterModel.idle_tax`` of its
+    ``idle_drafter`` mode. False (the default) is a worker started without speculation, which pays none."""
+    idle_drafter: IdleDrafterMode = IdleDrafterMode.STOCK
+    """Which idle-drafter tax term a ``drafter_loaded`` worker pays: vLLM's own (stock) or the plugin's."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,8 +267,8 @@ def step_time(profile: Profile, shape: StepShape) -> StepTime:
     decode_seqs · (k + 1) query tokens attends to its sequence's context (``attention_flops_per_context_token``
     · context_tokens · (k + 1)). Communication is ``comm_s_per_token · n``; sampling
     ``sample_s_per_token · decode_seqs · (k + 1)``, plus ``verify_s_per_token · decode_seqs · (k + 1)`` when
-    k > 0. At k = 0 with ``drafter_loaded``, the drafter's share is ``k0_tax.fraction(decode_seqs)`` × the target
-    time."""
+    k > 0. At k = 0 with ``drafter_loaded``, the drafter's share is the ``idle_drafter`` mode's tax term
+    (``DrafterModel.idle_tax``) ``.fraction(decode_seqs)`` × the target time."""
     t, hw = profile.target, profile.hardware
     queries = shape.decode_seqs * (shape.k + 1)
     tokens = queries + shape.prefill_tokens
@@ -269,8 +291,8 @@ def step_time(profile: Profile, shape: StepShape) -> StepTime:
     d = profile.drafter
     if shape.k > 0 and shape.decode_seqs > 0:
         drafter = d.fixed_s + shape.decode_seqs * (d.per_seq_s + shape.k * d.per_position_s)
-    elif shape.drafter_loaded and shape.decode_seqs > 0 and d.k0_tax is not None:
-        drafter = target * d.k0_tax.fraction(shape.decode_seqs)
+    elif shape.drafter_loaded and shape.decode_seqs > 0 and (tax := d.idle_tax(shape.idle_drafter)) is not None:
+        drafter = target * tax.fraction(shape.decode_seqs)
     return StepTime(target, drafter)
 
 
@@ -342,9 +364,11 @@ def predict_step(
     context_per_seq: float,
     prefill_per_step: float = 0.0,
     drafter_loaded: bool = False,
+    idle_drafter: IdleDrafterMode = IdleDrafterMode.STOCK,
 ) -> StepTime:
     """Profiled step time of a step decoding ``batch`` sequences (≥ 1) at draft length ``k``, seconds
-    (``drafter_loaded``: on a worker started with a drafter, ``StepShape.drafter_loaded``)."""
+    (``drafter_loaded``: on a worker started with a drafter, ``StepShape.drafter_loaded``; ``idle_drafter``: the
+    k = 0 tax term it pays, ``StepShape.idle_drafter``)."""
     batch = max(batch, 1.0)
     lo = math.floor(batch)
     hi = lo + 1
@@ -352,7 +376,7 @@ def predict_step(
     prefill = round(prefill_per_step)
 
     def at(b: int) -> StepTime:
-        return step_time(profile, StepShape(b, k, round(b * context_per_seq), prefill, drafter_loaded))
+        return step_time(profile, StepShape(b, k, round(b * context_per_seq), prefill, drafter_loaded, idle_drafter))
 
     a = at(lo)
     if frac <= 0:

@@ -19,8 +19,9 @@ One step, as vLLM V1 schedules it:
    With adaptive verification on (``workers.sim.adaptive``), k is the cap: every decoding request drafts k
    tokens, the engine verifies a per-request prefix of them chosen from the confidence head and the profiled
    step cost, and the step is timed at what it verified. A k = 0 step on an engine started with its drafter
-   (``drafter_loaded``, the default) pays the profile's idle-drafter tax (``DrafterModel.k0_tax``); an engine
-   started without speculation does not.
+   (``drafter_loaded``, the default) pays the profile's idle-drafter tax of its ``idle_drafter`` mode
+   (``DrafterModel.idle_tax``: vLLM's own, or the gearshift plugin's skip); an engine started without
+   speculation does not.
 
 Counters follow vLLM: a *draft* is one request-step with k > 0; ``num_draft_tokens`` grows by the drafts
 verified (k per draft, or the adaptive choice, which may be 0); accepted tokens are counted per position before
@@ -34,7 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
 
-from fleet.perf import Profile, StepShape, conditional_acceptance, step_time
+from fleet.perf import IdleDrafterMode, Profile, StepShape, conditional_acceptance, step_time
 from fleet.speculation import SpeculationControl
 from workers.sim.adaptive import AdaptiveVerification, AdaptiveVerifier, VerifyPlan, probits
 from workers.sim.prefix_cache import PrefixCache
@@ -156,6 +157,7 @@ class EngineCore:
         adaptive: AdaptiveVerification | None = None,
         drafter_loaded: bool = True,
         prefix_caching: bool = True,
+        idle_drafter: IdleDrafterMode = IdleDrafterMode.STOCK,
     ) -> None:
         if max_num_seqs < 1:
             raise ValueError(f"max_num_seqs: must be ≥ 1, got {max_num_seqs}")
@@ -184,6 +186,8 @@ class EngineCore:
         self.adaptive: AdaptiveVerifier | None = None
         """Adaptive verification (None: every decoding request verifies the schedule's k)."""
         self.drafter_loaded = drafter_loaded
+        self.idle_drafter = idle_drafter
+        """Which idle-drafter tax term its k = 0 steps pay when ``drafter_loaded`` (``StepShape.idle_drafter``)."""
         self.prefix_cache = PrefixCache() if prefix_caching else None
         """vLLM's automatic prefix caching (``--enable-prefix-caching``, on by default in V1); None: off."""
         """The engine was started with its drafter (a speculative config): its k = 0 steps pay the idle-drafter
@@ -265,6 +269,7 @@ class EngineCore:
             context_tokens=sum(map(_COMPUTED, batch.decode)),
             prefill_tokens=prefill_tokens,
             drafter_loaded=self.drafter_loaded,
+            idle_drafter=self.idle_drafter,
         )
         plan = self._plan_adaptive(batch, shape) if self.adaptive is not None and shape.k > 0 else None
         t = plan.time if plan is not None else step_time(self.profile, shape)

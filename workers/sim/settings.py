@@ -9,7 +9,7 @@ from pydantic import AliasChoices, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from fleet.config import DEV_SECRETS, exposure, refuse_dev_secrets
-from fleet.perf import Profile, load_profile
+from fleet.perf import IdleDrafterMode, Profile, load_profile
 
 
 class SimWorkerSettings(BaseSettings):
@@ -46,6 +46,9 @@ class SimWorkerSettings(BaseSettings):
     """DSpark adaptive verification: the engine chooses per step how many of the drafted tokens to verify (from a
     confidence head and the profiled step cost); the speculation schedule's k becomes the cap
     (``workers.sim.adaptive``). Exported as ``gearshift_worker_adaptive_verification``."""
+    idle_drafter: IdleDrafterMode = IdleDrafterMode.STOCK
+    """What its k = 0 steps cost with the drafter loaded: ``stock`` (vLLM's own k = 0, the drafter's pass runs)
+    or ``plugin`` (the gearshift vLLM plugin's idle-drafter skip); the profile's ``k0_tax`` or ``k0_tax_plugin``."""
     enable_prefix_caching: bool = True
     """vLLM's ``--enable-prefix-caching`` (on by default in vLLM V1): requests sharing a prompt beginning reuse its
     cached KV blocks and skip their prefill (``workers.sim.prefix_cache``)."""

@@ -34,7 +34,7 @@ from functools import cached_property
 from typing import Protocol, cast
 
 from fleet.clock import ManualClock
-from fleet.perf import Profile
+from fleet.perf import IdleDrafterMode, Profile
 from fleet.speculation import Schedule, SpeculationControl, uniform_schedule
 from workers.sim.adaptive import AdaptiveVerification
 from workers.sim.arrivals import ArrivalProcess, PhaseCallback, RequestSpec
@@ -102,11 +102,13 @@ def make_worker(
     model_name: str = DEFAULT_MODEL_NAME,
     adaptive_verification: bool = False,
     drafter_loaded: bool = True,
+    idle_drafter: IdleDrafterMode = IdleDrafterMode.STOCK,
 ) -> VirtualWorker:
     """A worker whose start-up (fallback) schedule is ``schedule``, or the plain ``k`` (default: k_max).
     ``adaptive_verification``: the engine sizes each step's verification itself, the schedule's k is its cap
     (``workers.sim.adaptive``). ``drafter_loaded``: started with its drafter, so k = 0 pays the idle-drafter tax
-    (False: a worker started without speculation, which decodes at k = 0)."""
+    (False: a worker started without speculation, which decodes at k = 0); ``idle_drafter``: which tax term
+    (vLLM's own or the gearshift plugin's skip, ``fleet.perf.IdleDrafterMode``)."""
     if schedule is None:
         schedule = uniform_schedule(profile.drafter.k_max if k is None else k, max_num_seqs=max_num_seqs)
     control = SpeculationControl(
@@ -126,6 +128,7 @@ def make_worker(
         kv_capacity_tokens=kv_capacity_tokens,
         adaptive=AdaptiveVerification() if adaptive_verification else None,
         drafter_loaded=drafter_loaded,
+        idle_drafter=idle_drafter,
     )
     return VirtualWorker(worker_id, engine, model_name)
 

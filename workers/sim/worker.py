@@ -55,6 +55,7 @@ class SimWorker:
             max_num_batched_tokens=settings.max_num_batched_tokens,
             adaptive=AdaptiveVerification() if settings.adaptive_verification else None,
             drafter_loaded=drafter,
+            idle_drafter=settings.idle_drafter,
             prefix_caching=settings.enable_prefix_caching,
         )
         self.driver = RealTimeDriver(self.engine, clock=clock, speedup=settings.speedup)
