@@ -205,6 +205,15 @@ class Profile(_Strict):
     def classes(self) -> tuple[str, ...]:
         return tuple(self.acceptance)
 
+    def with_idle_drafter(self, mode: IdleDrafterMode) -> Profile:
+        """This profile as a worker in ``mode`` sees it: its ``k0_tax`` is that mode's term, so every reader of
+        ``k0_tax`` (the controller's policy, estimator and cost model, the profiler's fit) charges the mode's tax.
+        The lab runs a policy on the plugin's view to show what the skip is worth."""
+        term = self.drafter.idle_tax(mode)
+        if term is self.drafter.k0_tax:
+            return self
+        return self.model_copy(update={"drafter": self.drafter.model_copy(update={"k0_tax": term})})
+
     @model_validator(mode="after")
     def _check_settings(self) -> Self:
         if self.hardware.gpus % self.serving.tensor_parallel_size:

@@ -76,3 +76,13 @@ def test_a_simulated_worker_takes_its_mode_from_settings(monkeypatch: pytest.Mon
     assert SimWorkerSettings().idle_drafter is IdleDrafterMode.STOCK
     monkeypatch.setenv("GEARSHIFT_SIM_IDLE_DRAFTER", "plugin")
     assert SimWorkerSettings().idle_drafter is IdleDrafterMode.PLUGIN
+
+
+def test_the_plugin_view_of_a_profile_charges_the_plugin_term_wherever_k0_tax_is_read() -> None:
+    profile = load_profile("kimi-k3-dspark-tp16")
+    assert profile.with_idle_drafter(IdleDrafterMode.STOCK) is profile
+    view = profile.with_idle_drafter(IdleDrafterMode.PLUGIN)
+    assert view.drafter.k0_tax == profile.drafter.k0_tax_plugin
+    shape = StepShape(16, 0, 64000, drafter_loaded=True)
+    plugin = StepShape(16, 0, 64000, drafter_loaded=True, idle_drafter=IdleDrafterMode.PLUGIN)
+    assert step_time(view, shape) == step_time(profile, plugin)

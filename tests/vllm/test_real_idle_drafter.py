@@ -1,0 +1,79 @@
+"""The idle-drafter skip on the real CPU vLLM (heavy: two vLLM starts, minutes on the shared 2-core machine).
+
+A draft-model worker with the plugin's skip (the default) against the same worker started without speculation:
+at k = 0 the greedy outputs are the same, no draft is made and the skip is what ran; when k returns to k_max in
+the middle of a batch, the drafter (caught up in one batched pass) is accepted as often as on a batch that
+never left k_max. Speed is not asserted here: ``gearshift worker measure --k0-tax`` measures it.
+
+Run: ``scripts/heavy-tests.sh tests/vllm/test_real_idle_drafter.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+
+import pytest
+
+from bench.procs import free_port
+from workers.vllm.cpu_server import TINY_K_MAX, ServerStartError, running_server, tiny_plan, tiny_worker
+from workers.vllm.launcher import CpuOptions
+from workers.vllm.measure import without_speculation
+from workers.vllm.measure_idle import acceptance_window, idle_tax
+
+from .conftest import CONTROL_TOKEN
+
+pytestmark = [pytest.mark.vllm, pytest.mark.heavy, pytest.mark.timeout(1500)]
+
+BATCH = 8
+
+
+@pytest.fixture(scope="module")
+def servers(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    logs = tmp_path_factory.mktemp("idle")
+    cpu = CpuOptions()
+    spec = tiny_worker(port=free_port(), model_dir=tiny_model_dir, worker_id="tiny-skip")
+    plain = tiny_worker(port=free_port(), model_dir=tiny_model_dir, worker_id="tiny-plain")
+    draft = {"method": "draft_model", "model": str(tiny_model_dir)}
+    plans = {"skip": tiny_plan(spec, cpu=cpu, speculative_extra=draft), "plain": without_speculation(tiny_plan(plain))}
+    urls = {"skip": spec.url, "plain": plain.url}
+    env = {"GEARSHIFT_CONTROL_TOKEN": CONTROL_TOKEN}
+    try:
+        with ExitStack() as stack:
+            for name, plan in plans.items():
+                stack.enter_context(
+                    running_server(
+                        plan, url=urls[name], log_path=logs / f"{name}.log", extra_env=env, ready_timeout_s=600.0
+                    )
+                )
+            yield urls | {"log": str(logs / "skip.log")}
+    except ServerStartError as exc:
+        pytest.fail(str(exc), pytrace=False)
+
+
+def test_at_k0_the_skip_runs_no_drafter_and_greedy_outputs_equal_the_server_without_speculation(
+    servers: dict[str, str],
+) -> None:
+    urls = {name: servers[name] for name in ("plain", "skip")}
+    run = asyncio.run(
+        idle_tax(urls, model="tiny", token=CONTROL_TOKEN, batch_sizes=[1, BATCH], max_tokens=48, rounds=1)
+    )
+    for n in (1, BATCH):
+        assert run.outputs_equal("skip", n)
+        assert run.tax("skip", n).drafts == 0
+    assert "idle-drafter skip on the V1 runner: DraftModelSkip" in Path(servers["log"]).read_text()
+
+
+def test_after_k_returns_the_caught_up_drafter_is_accepted_as_on_a_batch_that_never_left(
+    servers: dict[str, str],
+) -> None:
+    url = servers["skip"]
+    common = {"model": "tiny", "token": CONTROL_TOKEN, "k_max": TINY_K_MAX, "requests": BATCH, "max_tokens": 200}
+    never = asyncio.run(acceptance_window(url, leave=False, version=1000, **common))  # type: ignore[arg-type]
+    back = asyncio.run(acceptance_window(url, leave=True, version=1001, **common))  # type: ignore[arg-type]
+    assert never.rate is not None
+    assert back.rate is not None
+    assert back.counters.drafts > 0
+    assert back.rate >= 0.98 * never.rate
