@@ -66,7 +66,8 @@ ADMIT = (
 -- three parameters:
 --   w: cost, limit, window_s    s: slot_id, limit, ttl_s    b: limit_usd, pending_usd, ''
 --   r: slot_id, '', '' (a finished request's slot on this key, freed before any check)
--- returns {1} when admitted, else {0, index of the refusing limit, retry_after_s}
+-- returns {1, spent} when admitted, else {0, index of the refusing limit, retry_after_s, spent}; spent is the budget
+-- counter as read by the check ('' when no budget limit was checked)
 local now = clock_now()
 for i = 1, #KEYS do
   local base = 4 + (i - 1) * 4
@@ -92,6 +93,7 @@ local function retry_slot(key, slot_id, limit)
   if redis.call('ZCARD', key) < limit then return nil end
   return tonumber(ARGV[3])
 end
+local spent_seen = ''
 for i = 1, #KEYS do
   local base = 4 + (i - 1) * 4
   local kind = ARGV[base + 1]
@@ -101,10 +103,11 @@ for i = 1, #KEYS do
   elseif kind == 's' then
     retry = retry_slot(KEYS[i], ARGV[base + 2], tonumber(ARGV[base + 3]))
   elseif kind == 'b' then
-    local spent = tonumber(redis.call('GET', KEYS[i]) or '0') + tonumber(ARGV[base + 3])
-    if spent >= tonumber(ARGV[base + 2]) then retry = 0 end
+    local counter = redis.call('GET', KEYS[i]) or '0'
+    spent_seen = counter
+    if tonumber(counter) + tonumber(ARGV[base + 3]) >= tonumber(ARGV[base + 2]) then retry = 0 end
   end
-  if retry then return {0, i, string.format('%.17g', retry)} end
+  if retry then return {0, i, string.format('%.17g', retry), spent_seen} end
 end
 for i = 1, #KEYS do
   local base = 4 + (i - 1) * 4
@@ -117,7 +120,7 @@ for i = 1, #KEYS do
     redis.call('PEXPIRE', KEYS[i], math.ceil((ttl + 60) * 1000))
   end
 end
-return {1}
+return {1, spent_seen}
 """
 )
 """ARGV[3] is the slot retry-after, ARGV[4] the clock flag; limits start at ARGV[5]."""

@@ -62,16 +62,19 @@ class MemoryStore:
             if isinstance(lim, SlotLimit):
                 for slot_id in lim.releasing:
                     self._slots.get(lim.key, {}).pop(slot_id, None)
+        spent = None
         for lim in limits:
+            if isinstance(lim, BudgetLimit):
+                spent = self._spend.get(lim.key, 0.0)
             refusal = self._check(lim, now)
             if refusal is not None:
-                return Admission(allowed=False, tripped=lim.key, retry_after_s=refusal)
+                return Admission(allowed=False, tripped=lim.key, retry_after_s=refusal, spent_usd=spent)
         for lim in limits:
             if isinstance(lim, WindowLimit):
                 win.reserve(self._window(lim.key), cost=lim.cost, window_s=lim.window_s, now=now)
             elif isinstance(lim, SlotLimit):
                 self._slots.setdefault(lim.key, {})[lim.slot_id] = now + lim.ttl_s
-        return Admission(allowed=True)
+        return Admission(allowed=True, spent_usd=spent)
 
     def _check(self, lim: Limit, now: float) -> float | None:
         """None when ``lim`` admits; else the retry-after in seconds."""

@@ -72,6 +72,10 @@ class Admission:
     allowed: bool
     tripped: str | None = None
     retry_after_s: float = 0.0
+    spent_usd: float | None = None
+    """The request's budget spend counter (USD, without ``pending_usd``) as the store read it while checking, when
+    the request had a budget limit and the check reached it: the last known spend a gateway enforces while the
+    store is away (issue 23)."""
 
 
 SETTLE_DEDUPE_S = 120.0

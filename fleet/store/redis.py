@@ -319,9 +319,11 @@ class RedisStore:
                     keys.append(keys[limits.index(lim)])
                     args += ["r", slot_id, "", ""]
         reply: list[Any] = await self._admit(keys=keys, args=args)
+        spent = float(reply[-1]) if reply[-1] != "" else None
         if int(reply[0]) == 1:
-            return Admission(allowed=True)
-        return Admission(allowed=False, tripped=limits[int(reply[1]) - 1].key, retry_after_s=float(reply[2]))
+            return Admission(allowed=True, spent_usd=spent)
+        tripped = limits[int(reply[1]) - 1].key
+        return Admission(allowed=False, tripped=tripped, retry_after_s=float(reply[2]), spent_usd=spent)
 
     @checks_own_cancellation
     async def settle(

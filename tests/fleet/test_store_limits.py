@@ -153,6 +153,22 @@ async def test_budget_refuses_once_spent(harness: StoreHarness) -> None:
     assert await store.spent("spend:unknown") == 0.0
 
 
+async def test_an_admission_reports_the_budget_spend_it_checked(harness: StoreHarness) -> None:
+    """The gateway keeps the last known spend for an outage (issue 23 defect 4): admitted and budget-refused
+    answers carry the counter as read; a request without a budget, or refused before its budget was checked, none."""
+    store = harness.store
+    budget = BudgetLimit(key="spend:t", limit_usd=1.0, pending_usd=0.5)
+    assert (await store.admit([budget], now=T0)).spent_usd == 0.0
+    await store.settle(windows=(), slots=(), spend={"spend:t": 0.25}, now=T0)
+    assert (await store.admit([rpm(5), budget], now=T0)).spent_usd == 0.25
+    await store.settle(windows=(), slots=(), spend={"spend:t": 0.5}, now=T0)
+    refusal = await store.admit([budget], now=T0)
+    assert (refusal.allowed, refusal.spent_usd) == (False, 0.75)  # 0.75 + 0.5 pending has reached 1.0
+    assert (await store.admit([rpm(5)], now=T0)).spent_usd is None
+    assert (await store.admit([rpm(2), budget], now=T0)).spent_usd is None  # refused by the rpm first
+    assert not (await store.admit([rpm(2), budget], now=T0)).allowed
+
+
 async def test_settle_does_everything_at_once(harness: StoreHarness) -> None:
     store = harness.store
     assert (await store.admit([tpm(1000), slot("a", limit=1)], now=T0)).allowed
