@@ -59,6 +59,23 @@ class TenantLedger:
             sums.add(1, record.prompt_tokens, record.completion_tokens, record.cost_usd)
         return True
 
+    def cutoff(self, keep: int) -> float | None:
+        """The ``at`` of the oldest of the newest ``keep`` records; None when there are no more than ``keep``."""
+        return self.entries[-keep][0] if len(self.entries) > keep else None
+
+    def trim(self, before: float, expected: int) -> int | None:
+        """Remove the records with ``at < before``, their ids and the roll-ups wholly before ``before``, if exactly
+        ``expected`` are there (else None, nothing changed). Returns how many it removed (``lua.TRIM_USAGE``)."""
+        end = bisect.bisect_left(self.entries, (before, ""))
+        if end != expected:
+            return None
+        for _, text in self.entries[:end]:
+            self.request_ids.discard(UsageRecord.model_validate_json(text).request_id)
+        del self.entries[:end]
+        for size, unit in [k for k in self.rollups if (k[1] + 1) * k[0] <= before]:
+            del self.rollups[(size, unit)]
+        return end
+
     def texts(self, since: float, until: float, limit: int) -> list[str]:
         """The JSON text of the first ``limit`` records with ``since <= at < until``, in time order."""
         return list(islice(self._texts(since, until), limit))

@@ -329,6 +329,31 @@ return {n, string.format('%d', p), string.format('%d', c), fmt(usd), records}
 """
 )
 
+TRIM_USAGE = (
+    _LEDGER_LIB
+    + """
+-- Retention (fleet.store.retention): removes a tenant's records with at < ARGV[1] from its index, their request
+-- ids and the roll-ups wholly before ARGV[1], and trims the stream to the records left; only when exactly
+-- ARGV[2] records are there (the ones the caller exported), else nothing changes and -1 is returned. KEYS: the
+-- tenant's stream, index, roll-ups, ids. ARGV: before, expected, the roll-up sizes. Returns how many it removed.
+local bound = '(' .. ARGV[1]
+local before = tonumber(ARGV[1])
+local n = redis.call('ZCOUNT', KEYS[2], '-inf', bound)
+if n ~= tonumber(ARGV[2]) then return -1 end
+if n == 0 then return 0 end
+for _, text in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', bound)) do
+  redis.call('HDEL', KEYS[4], cjson.decode(text).request_id)
+end
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', bound)
+for _, field in ipairs(redis.call('HKEYS', KEYS[3])) do
+  local size, unit = string.match(field, '^(%S+):(%S+)$')
+  if (tonumber(unit) + 1) * tonumber(size) <= before then redis.call('HDEL', KEYS[3], field) end
+end
+redis.call('XTRIM', KEYS[1], 'MAXLEN', redis.call('ZCARD', KEYS[2]))
+return n
+"""
+)
+
 REVOKE_KEY = """
 -- KEYS: id → digest hash, revoked set. ARGV[1]: key id.
 local digest = redis.call('HGET', KEYS[1], ARGV[1])

@@ -211,6 +211,17 @@ class MemoryStore:
         merged = heapq.merge(*parts, key=record_order)
         return [UsageRecord.model_validate_json(text) for text in islice(merged, limit)]
 
+    async def usage_tenants(self) -> list[str]:
+        return sorted(t for t, ledger in self._tenants.items() if ledger.entries)
+
+    async def ledger_cutoff(self, tenant: str, *, keep: int) -> float | None:
+        if keep <= 0:
+            raise ValueError("keep must be positive")
+        return self._tenants.get(tenant, TenantLedger()).cutoff(keep)
+
+    async def trim_usage(self, tenant: str, *, before: float, expected: int) -> int | None:
+        return self._tenants.get(tenant, TenantLedger()).trim(before, expected)
+
     # API keys ------------------------------------------------------------------------------------------
     async def put_api_key(self, record: ApiKeyRecord) -> None:
         self._keys_by_digest[record.digest] = record.model_dump_json()

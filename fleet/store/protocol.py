@@ -267,6 +267,22 @@ class Store(Protocol):
         (each tenant's ledger merged by ``at``)."""
         ...
 
+    async def usage_tenants(self) -> list[str]:
+        """Tenants with records in the ledger, sorted."""
+        ...
+
+    async def ledger_cutoff(self, tenant: str, *, keep: int) -> float | None:
+        """The ``at`` of the oldest of the tenant's newest ``keep`` records (``keep`` > 0), None when it has no more
+        than ``keep``: retention by size trims what is older (``fleet.store.retention``)."""
+        ...
+
+    async def trim_usage(self, tenant: str, *, before: float, expected: int) -> int | None:
+        """Retention: remove the tenant's records with ``at < before`` (their request ids too: a replay of one is
+        billed again, so retain longer than any spool outage) if exactly ``expected`` are there, which the caller
+        has just exported; None, and nothing removed, when another number is there (a late record arrived).
+        Totals read later count only what is left; spend counters are not touched. Returns how many it removed."""
+        ...
+
     # API keys created at run time -----------------------------------------------------------------------
     async def put_api_key(self, record: ApiKeyRecord) -> None: ...
     async def api_key_by_digest(self, digest: str) -> ApiKeyRecord | None: ...

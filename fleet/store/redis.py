@@ -219,6 +219,7 @@ class RedisStore:
         self._heartbeat = _Script(client, lua.REPLICA_HEARTBEAT, "RedisStore.replica_heartbeat")
         self._append = _Script(client, lua.APPEND_USAGE, "RedisStore.append_usage_many")
         self._usage = _Script(client, lua.USAGE, "RedisStore.usage")
+        self._trim = _Script(client, lua.TRIM_USAGE, "RedisStore.trim_usage")
         self._revoke = _Script(client, lua.REVOKE_KEY, "RedisStore.revoke_api_key")
         self._rollup_args = [str(len(ROLLUP_SIZES_S))] + [_num(size) for size in ROLLUP_SIZES_S]
 
@@ -486,6 +487,26 @@ class RedisStore:
         )
         merged = heapq.merge(*parts, key=record_order)
         return [UsageRecord.model_validate_json(text) for text in islice(merged, limit)]
+
+    async def usage_tenants(self) -> list[str]:
+        return sorted(cast(set[str], await self._redis.smembers(self._keys.ledger_tenants())))
+
+    async def ledger_cutoff(self, tenant: str, *, keep: int) -> float | None:
+        if keep <= 0:
+            raise ValueError("keep must be positive")
+        oldest_kept = await self._redis.zrange(self._keys.ledger(tenant, "index"), -keep, -keep, withscores=True)
+        if not oldest_kept or await self._redis.zcard(self._keys.ledger(tenant, "index")) <= keep:
+            return None
+        return float(oldest_kept[0][1])
+
+    async def trim_usage(self, tenant: str, *, before: float, expected: int) -> int | None:
+        keys = [self._keys.ledger(tenant, part) for part in ("stream", "index", "rollup", "ids")]
+        removed = int(await self._trim(keys=keys, args=[_num(before), str(expected), *self._rollup_args[1:]]))
+        return None if removed < 0 else removed
+
+    async def ledger_stream_length(self, tenant: str) -> int:
+        """Entries in the tenant's append-only stream (what retention bounds, with the index)."""
+        return int(await self._redis.xlen(self._keys.ledger(tenant, "stream")))
 
     # API keys ------------------------------------------------------------------------------------------
     async def put_api_key(self, record: ApiKeyRecord) -> None:

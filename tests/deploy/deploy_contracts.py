@@ -37,6 +37,8 @@ class Process:
     """``module:Class`` of the settings the process reads from its environment."""
     port_field: str | None
     """Settings field holding the HTTP port; None when the port comes from the fleet file (vLLM)."""
+    serves: bool = True
+    """False for a process that listens on nothing (a batch job)."""
 
 
 PROCESSES = (
@@ -45,6 +47,7 @@ PROCESSES = (
     Process(("sim", "serve"), "workers.sim.settings:SimWorkerSettings", "port"),
     # The launcher reads CommonSettings; the plugin inside vLLM reads VllmPluginSettings (a superset).
     Process(("worker", "vllm"), "workers.vllm.settings:VllmPluginSettings", None),
+    Process(("usage", "retain"), "fleet.config:CommonSettings", None, serves=False),
 )
 
 VLLM_PATHS = frozenset({"/health", "/metrics", "/v1/models", "/v1/completions", "/v1/chat/completions"})

@@ -152,6 +152,8 @@ def pod_templates(resource: Resource) -> Iterator[dict[str, Any]]:
     spec = resource.get("spec", {})
     if resource["kind"] in ("Deployment", "StatefulSet", "DaemonSet", "Job"):
         yield spec["template"]
+    elif resource["kind"] == "CronJob":
+        yield spec["jobTemplate"]["spec"]["template"]
     elif resource["kind"] == "LeaderWorkerSet":
         lwt = spec["leaderWorkerTemplate"]
         if "leaderTemplate" in lwt:

@@ -44,7 +44,7 @@ K8S = ROOT / "deploy" / "kubernetes"
 OVERLAYS = ("sim", "kimi-k3")
 KUBERNETES_VERSION = "1.31.0"
 """The oldest Kubernetes these manifests target (validated with the strict schemas: no unknown fields)."""
-WORKLOADS = ("Deployment", "StatefulSet", "LeaderWorkerSet")
+WORKLOADS = ("Deployment", "StatefulSet", "LeaderWorkerSet", "CronJob")
 GEARSHIFT_IMAGES = ("ghcr.io/gearshift/gearshift:", "ghcr.io/gearshift/gearshift-vllm:")
 
 
@@ -238,6 +238,9 @@ def test_containers_run_real_subcommands_with_settings_the_code_reads(k8s: Path,
                 assert any(m["mountPath"].rstrip("/") + "/" in env[key] for m in container.get("volumeMounts", [])), (
                     f"{where}: {key}={env[key]} is not on a mounted volume"
                 )
+        if not process.serves:
+            assert not container.get("ports"), where
+            continue
         if options.get("--node-rank", "0") != "0":  # a headless follower of a multi-node engine serves no HTTP
             assert "http" not in container_ports(pod.spec)
             assert not {"startupProbe", "readinessProbe", "livenessProbe"} & set(container), where
