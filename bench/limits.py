@@ -38,6 +38,7 @@ from bench.soak.client import StreamResult, stream_chat
 from fleet.config import FleetConfig, TenantsConfig, key_digest
 from fleet.store.protocol import UsageRecord
 from fleet.store.redis import RedisStore
+from gateway.settings import GatewaySettings
 from gateway.upstream.body import BodyRules, parse_completion
 
 MODEL = "kimi-k3"
@@ -226,7 +227,8 @@ async def _measure(
 
 def _estimate_prompt() -> int:
     """The gateway's prompt estimate of the bench's one message (``gateway.upstream.body``'s rule, default settings)."""
-    return parse_completion(orjson.dumps(_chat(1)), prompt_field="messages", rules=BodyRules()).prompt_tokens
+    rules = BodyRules.from_settings(GatewaySettings())
+    return parse_completion(orjson.dumps(_chat(1)), prompt_field="messages", rules=rules).prompt_tokens
 
 
 async def run(config: LimitsBenchConfig, work: Path) -> LimitsBenchResult:

@@ -4,7 +4,7 @@
 Simulated workers (the default profile, the recipe's ``max_num_seqs``, prefix caching on: ``workers.sim.prefix_cache``)
 run in virtual time under ``workers.sim.sessions.SessionLoad``: closed-loop sessions whose turns extend the previous
 prompt and answer, all sharing one system prompt. Each arrival is routed by the gateway's own router
-(``gateway.routing.router.default_router`` with the gateway's default weights, no controller, so every worker runs at its
+(``gateway.routing.router.default_router``, the gateway's default weights, no controller, so every worker runs at its
 start-up k) fed the same views the gateway builds: in-flight requests and outstanding prompt tokens per worker. The
 arms differ only in the prefix scorer:
 
@@ -33,9 +33,10 @@ from fleet.clock import ManualClock
 from fleet.config import FleetConfig, ModelConfig, TierConfig, WorkerConfig
 from fleet.perf import load_profile
 from fleet.stats import percentile
+from gateway.routing.context import RouteContext
 from gateway.routing.pool import WorkerView
-from gateway.routing.prefix import PrefixIndex, PrefixScorer
-from gateway.routing.router import RouteContext, Router, default_router, prefill_rates
+from gateway.routing.prefix import PrefixIndex
+from gateway.routing.router import Router, default_router
 from gateway.settings import GatewaySettings
 from workers.sim.arrivals import RequestSpec
 from workers.sim.records import RunRecords
@@ -89,19 +90,8 @@ class LabPrefixRouter:
     ) -> None:
         s = GatewaySettings()
         self._settings = s
-        prefix = PrefixScorer(index, load_factor=load_factor) if index is not None else None
-        self._router: Router = default_router(
-            weight_queue=s.weight_queue,
-            weight_kv=s.weight_kv,
-            weight_speculation=s.weight_speculation,
-            weight_ttft=s.weight_ttft,
-            prefill_tokens_per_slot=s.prefill_tokens_per_slot,
-            prefill_rates=prefill_rates(fleet),
-            ttft_reference_s=s.ttft_reference_s,
-            prefix=prefix,
-            weight_prefix=s.weight_prefix,
-            rng=random.Random(0),
-        )
+        routing = s.model_copy(update={"prefix_load_factor": load_factor})
+        self._router: Router = default_router(routing, fleet, prefix=index, rng=random.Random(0))
         self._index = index
         self._configs = {w.id: w for w in fleet.workers}
         self._clock = clock

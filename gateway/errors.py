@@ -257,19 +257,26 @@ def render(exc: GatewayError) -> bytes:
     return orjson.dumps({"error": {"message": exc.message, "type": exc.type, "param": exc.param, "code": exc.code}})
 
 
+def count(exc: GatewayError, metrics: GatewayMetrics) -> None:
+    """Log ``exc``'s detail and count it by its OpenAI error type: every error the gateway answers passes here
+    once, whatever its shape (a response, a stream's error event, a Responses API ``error`` event)."""
+    _note(exc)
+    metrics.child(metrics.errors, exc.type).inc()
+
+
 def respond(exc: GatewayError, metrics: GatewayMetrics | None) -> Response:
     """The response for ``exc`` (its status, headers and OpenAI body), counted by its OpenAI error type.
     ``metrics`` is None only for a request that arrives before the app's lifespan has run."""
-    _note(exc)
     if metrics is not None:
-        metrics.child(metrics.errors, exc.type).inc()
+        count(exc, metrics)
+    else:
+        _note(exc)
     return Response(render(exc), status_code=exc.status, headers=exc.headers(), media_type="application/json")
 
 
 def stream_event(exc: GatewayError, metrics: GatewayMetrics) -> bytes:
     """A failure after the stream started: the error as an event, then ``[DONE]``; counted like ``respond``."""
-    _note(exc)
-    metrics.child(metrics.errors, exc.type).inc()
+    count(exc, metrics)
     return b"data: " + render(exc) + b"\n\ndata: [DONE]\n\n"
 
 

@@ -1,7 +1,8 @@
 """The request pipeline (DESIGN §6): parse → authorise the model → admit → route → queue → forward → relay → meter.
 ``complete`` is the whole pipeline in one function; each step is a method of ``Call``, the state of one
-request, which calls the stage module that does the work (``admission``, ``routing``, ``upstream``,
-``relay``, ``metering``) and keeps the request's span.
+request, which calls the stage that does the work (``gateway.intake``, ``gateway.routing``, ``gateway.upstream``,
+``gateway.usage``) and keeps the request's span. The API shape (``gateway.upstream.endpoints.Endpoint``) brings
+its own parser, stream meter and end event: nothing here branches on it.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import asyncio
 import contextlib
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import replace
 
 from opentelemetry import trace
 from opentelemetry.context import Context
@@ -23,36 +24,19 @@ from gateway import errors
 from gateway.intake.admission import Ticket
 from gateway.intake.auth import Principal
 from gateway.intake.session import request_session
-from gateway.routing.placement import request_workload
+from gateway.routing.context import RouteContext
+from gateway.routing.filters.placement import request_workload
 from gateway.routing.pool import WorkerView
 from gateway.routing.prefix import request_blocks
-from gateway.routing.router import RouteContext
 from gateway.upstream import relay
-from gateway.upstream.body import CompletionRequest, parse_completion
+from gateway.upstream.body import CompletionRequest
 from gateway.upstream.client import Hold
-from gateway.upstream.responses import ResponsesStreamMeter, parse_responses
-from gateway.upstream.responses import error_event as responses_error_event
-from gateway.upstream.sse import DONE, StreamMeter, Usage
+from gateway.upstream.endpoints import Endpoint
+from gateway.upstream.sse import StreamMeter, Usage
 from gateway.usage import tracing as attr
 from gateway.usage.metering import usage_record
 from gateway.wiring import Gateway
 
-
-@dataclass(frozen=True, slots=True)
-class Endpoint:
-    path: str
-    """Path on the worker."""
-    prompt_field: str
-    operation: str
-    """GenAI ``gen_ai.operation.name``."""
-
-
-CHAT = Endpoint("/v1/chat/completions", "messages", "chat")
-TEXT = Endpoint("/v1/completions", "prompt", "text_completion")
-RESPONSES = Endpoint("/v1/responses", "input", "chat")
-"""OpenAI's Responses API (``gateway.upstream.responses``): its own body and event stream."""
-
-_DONE_EVENT = DONE + b"\n\n"
 _NO_SPAN: AbstractContextManager[Span] = contextlib.nullcontext(trace.INVALID_SPAN)
 
 
@@ -76,10 +60,7 @@ async def complete(
     carrying ``headers``); raises a ``GatewayError`` for an error to answer instead, never once a stream has
     started. ``started`` is the clock's
     monotonic time when the request arrived, ``receive`` the ASGI channel that tells when the client leaves."""
-    if endpoint is RESPONSES:
-        req = parse_responses(raw, rules=gw.body_rules)
-    else:
-        req = parse_completion(raw, prompt_field=endpoint.prompt_field, rules=gw.body_rules)
+    req = endpoint.parse(raw, gw.body_rules)
     authorise(gw, principal, req)  # 404 / 403 / 400
     gw.overload.brownout_cap(req, principal.tier)  # lower max_tokens while the brownout is on
     call = Call(gw, principal, req, endpoint, request_id, started)
@@ -90,15 +71,16 @@ async def complete(
         try:
             call.ticket = await call.admit()  # 429 with the limit that tripped
             ranked = await call.route()  # 503 when no worker qualifies
-            ranked = await call.queue(ranked)  # waits while no worker has headroom; 429 / 503 when refused
-            hold = await call.forward(ranked)  # retried before the first byte; 502 / 503 / 504
+            async with gw.overload.slot(req, principal, ranked) as queued:  # waits for headroom; 429 / 503 refused
+                hold = await call.forward(ranked if queued is None else await call.requeued(queued))  # 502/503/504
+                async with hold:  # the one cleanup of the worker's side of the call
+                    if not (req.stream and hold.response.status == 200):
+                        return await call.whole(hold)
+                    tail = await call.stream(hold, send, guard, headers)
         except BaseException as exc:
-            await call.abandon(exc)
+            if not call.metered:  # failed before a worker answered
+                await call.abandon(exc)
             raise
-        async with gw.overload.on_release(req.model), hold:  # the one cleanup of the worker's side of the call
-            if not (req.stream and hold.response.status == 200):
-                return await call.whole(hold)
-            tail = await call.stream(hold, send, guard, headers)
     if tail is not None:  # None: the client left mid-stream
         await send({"type": "http.response.body", "body": tail, "more_body": False})
     return None
@@ -122,6 +104,8 @@ class Call:
     """One request on its way through the pipeline."""
 
     ticket: Ticket | None = None
+    metered = False
+    """The call has been metered (its usage record written and its ticket settled)."""
     workload: str | None = None
     """The request's workload hint (``gateway.routing.placement.request_workload``)."""
     session: str | None = None
@@ -139,12 +123,7 @@ class Call:
         self.gw, self.principal, self.req, self.endpoint = gw, principal, req, endpoint
         self.request_id, self.started = request_id, started
         self.forwarded_at = started
-        s = gw.settings
-        self.prefix_blocks = (
-            request_blocks(req.body, chat=req.chat, block_chars=s.prefix_block_chars, max_blocks=s.prefix_max_blocks)
-            if gw.prefix is not None
-            else ()
-        )
+        self.route_ctx: RouteContext | None = None
         self.span: Span = trace.INVALID_SPAN
         self.ctx: Context | None = None
         if gw.tracer is not None:
@@ -181,12 +160,21 @@ class Call:
     async def route(self) -> list[WorkerView]:
         gw = self.gw
         with self._child_span("gearshift.routing") as span:
-            req, tier = self.req, self.principal.tier
-            ctx = RouteContext(
-                model=req.model, tier=tier, now=gw.clock.wall(), prompt_tokens=req.prompt_tokens,
-                traffic_class=traffic_class(self.principal.tier_name, self.workload), plan=gw.pool.plans.get(req.model),
-                prefix_blocks=self.prefix_blocks,
-            )  # fmt: skip
+            req, ctx = self.req, self.route_ctx
+            if ctx is None:
+                s = gw.settings
+                blocks = (
+                    request_blocks(req.body, chat=req.chat, block_chars=s.prefix_block_chars,
+                                   max_blocks=s.prefix_max_blocks) if gw.prefix is not None else ()
+                )  # fmt: skip
+                ctx = RouteContext(
+                    model=req.model, tier=self.principal.tier, now=gw.clock.wall(), prompt_tokens=req.prompt_tokens,
+                    traffic_class=traffic_class(self.principal.tier_name, self.workload),
+                    plan=gw.pool.plans.get(req.model), prefix_blocks=blocks,
+                )  # fmt: skip
+            else:  # routed again after queueing: the plan and the time have moved on
+                ctx = replace(ctx, now=gw.clock.wall(), plan=gw.pool.plans.get(req.model))
+            self.route_ctx = ctx
             decision = await gw.router.route(ctx, list(gw.pool.views.values()))
             if not decision.ranked:
                 raise errors.NoWorkerAvailable(
@@ -198,17 +186,9 @@ class Call:
             span.set_attribute("gearshift.route.scores", [round(decision.scores[w.id], 4) for w in decision.ranked])
             return decision.ranked
 
-    async def queue(self, ranked: list[WorkerView]) -> list[WorkerView]:
-        """Wait in the overload queue when no worker has headroom (``gateway.intake.overload``; at once otherwise), then
-        rank the workers again for the state the wait left."""
-        gw, tier = self.gw, self.principal.tier
-        waited = await gw.overload.enter(
-            model=self.req.model, ranked=ranked, tenant=self.principal.tenant.id, tier_name=self.principal.tier_name,
-            tier=tier, tokens=self.req.reserved_tokens,
-        )  # fmt: skip
-        if waited is None:
-            return ranked
-        self.span.set_attribute("gearshift.queued_s", waited)
+    async def requeued(self, waited_s: float) -> list[WorkerView]:
+        """The call queued for ``waited_s`` seconds: rank the workers again for the state the wait left."""
+        self.span.set_attribute("gearshift.queued_s", waited_s)
         return await self.route()
 
     async def forward(self, ranked: list[WorkerView]) -> Hold:
@@ -225,9 +205,8 @@ class Call:
             span.set_attribute("gearshift.attempts", hold.attempts)
             span.set_attribute("http.response.status_code", hold.response.status)
         self.span.set_attribute(attr.WORKER, hold.worker.id)
-        if gw.prefix is not None and self.prefix_blocks:  # the worker now caches this prompt's blocks
-            gw.prefix.record(self.prefix_blocks, hold.worker.id, gw.clock.wall())
-        gw.overload.poke(req.model)  # its prefill is done: the worker may have room again
+        assert self.route_ctx is not None
+        gw.router.picked(self.route_ctx, hold.worker)  # post-pick hooks: the prefix index records
         return hold
 
     async def whole(self, hold: Hold) -> Response:
@@ -258,12 +237,7 @@ class Call:
         count the slot as free at once (``Admitter.finish``), so the client's next request here is never refused
         for this one."""
         gw = self.gw
-        req = self.req
-        meter = (
-            ResponsesStreamMeter()
-            if self.endpoint is RESPONSES
-            else StreamMeter(strip_usage=not req.client_wants_usage, strip_chunk_usage=not req.client_wants_chunk_usage)
-        )
+        meter = self.endpoint.meter(self.req)
         try:
             error = await relay.stream(
                 hold, meter, send, guard, headers=headers, clock=gw.clock, idle_timeout_s=gw.settings.idle_timeout_s
@@ -273,9 +247,7 @@ class Call:
             raise
         hold.ok, hold.failure = error is None, error
         await self._meter(hold, "ok" if error is None else "error", meter.usage, meter, error)
-        if self.endpoint is RESPONSES:  # no [DONE]: the worker's terminal event ended the stream
-            return b"" if error is None else responses_error_event(error, gw.metrics)
-        return _DONE_EVENT if error is None else errors.stream_event(error, gw.metrics)
+        return meter.end(error, gw.metrics)
 
     # ---------------------------------------------------------------------------------------- metering
     async def _meter(
@@ -309,7 +281,7 @@ class Call:
             pricing=model.pricing if (model := gw.fleet.model(self.req.model)) is not None else None,
             admitted_at=ticket.granted_at,
         )
-        gw.ledger.append(record)
+        self.metered = True
         gw.metrics.finished(record, tier=self.principal.tier_name, duration_s=now - self.started)
         self._end_span(error)
         self.span.set_attribute(attr.USAGE_INPUT, record.prompt_tokens)
@@ -317,9 +289,7 @@ class Call:
         self.span.set_attribute("gearshift.cost_usd", record.cost_usd)
         self.span.end()
         used, cost = record.prompt_tokens + record.completion_tokens, record.cost_usd
-        settlement = await gw.admitter.finish(ticket, used_tokens=used, cost_usd=cost)
-        if settlement is not None:
-            gw.ledger.settle(settlement)
+        gw.ledger.write(record, await gw.admitter.finish(ticket, used_tokens=used, cost_usd=cost))
 
     def _end_span(self, error: BaseException | None) -> None:
         if isinstance(error, errors.GatewayError):
@@ -328,7 +298,6 @@ class Call:
 
     async def abandon(self, exc: BaseException) -> None:
         """The request failed before a worker answered: release what admission reserved, end the span."""
-        self.gw.overload.poke(self.req.model)  # a worker it tried may have room again
         self._end_span(exc)
         self.span.end()
         if self.ticket is not None:  # never suspends, so it completes even while the call is being cancelled

@@ -104,7 +104,9 @@ class GatewaySettings(CommonSettings):
     """Chat-template tokens per message in that estimate. An estimate below the worker's real count lets a
     tenant pass its TPM by the difference, so err high: over-reservation is refunded."""
     tokens_per_image: Annotated[int, Field(ge=0)] = 1024
-    """Prompt tokens counted per image part in that estimate (``gateway.upstream.body.BodyRules.tokens_per_image``)."""
+    """Prompt tokens counted per image part in that estimate. ASSUMED: a 1024×1024 image through a ViT of 14-pixel
+    patches merged 2×2 (Kimi's MoonViT) is about 1 340 tokens, OpenAI's high-detail tiling about 765;
+    over-reservation is refunded after the worker's usage arrives."""
     max_messages: Annotated[int, Field(gt=0)] = 1024
     """Most messages (or completion prompts) in one request; more is a 400."""
     max_n: Annotated[int, Field(gt=0)] = 128
@@ -121,7 +123,7 @@ class GatewaySettings(CommonSettings):
     weight_ttft: Weight = 1.0
     prefill_tokens_per_s: Annotated[float, Field(gt=0)] | None = None
     """A worker's prefill rate, tokens per second, for the predicted TTFT; None takes it from each worker's
-    model profile (its chunked-prefill step, ``gateway.routing.router.profile_prefill_rate``)."""
+    model profile (its chunked-prefill step, ``gateway.routing.scorers.ttft.profile_prefill_rate``)."""
     ttft_reference_s: Seconds = 2.0
     """The TTFT scale of the TTFT scorer for a tier without ``ttft_target_s``."""
 

@@ -20,16 +20,14 @@ from gateway.intake.auth import KeyRing
 from gateway.intake.overload import OverloadGate
 from gateway.intake.replicas import ReplicaRegistry
 from gateway.intake.tenant_book import TenantBook
-from gateway.routing.placement import placement_filter
 from gateway.routing.pool import WorkerPool
-from gateway.routing.prefix import PrefixIndex, PrefixScorer
-from gateway.routing.router import Router, default_router, prefill_rates
+from gateway.routing.prefix import PrefixIndex
+from gateway.routing.router import Router, default_router
 from gateway.settings import GatewaySettings
 from gateway.upstream.body import BodyRules
 from gateway.upstream.client import Upstream, new_session
 from gateway.usage.metering import LedgerWriter
 from gateway.usage.metrics import GatewayMetrics
-from gateway.usage.spool import SettlementSpool, Spool
 from gateway.usage.tracing import build_tracing
 
 
@@ -83,33 +81,15 @@ async def running_gateway(
     session = upstream_session or new_session(settings)
     tracing = build_tracing(settings, exporter=span_exporter)
     pool = WorkerPool(fleet=fleet, store=store, clock=clock, settings=settings, metrics=metrics)
-    prefix = PrefixIndex(ttl_s=settings.prefix_ttl_s, capacity=settings.prefix_index_blocks)
+    prefix = (
+        PrefixIndex(ttl_s=settings.prefix_ttl_s, capacity=settings.prefix_index_blocks)
+        if settings.weight_prefix > 0
+        else None
+    )
     await store.verify()  # a cluster node without GEARSHIFT_REDIS_CLUSTER (or the reverse) is refused here
-    replicas = ReplicaRegistry(
-        store,
-        clock=clock,
-        floor=settings.gateway_replicas,
-        cap=settings.local_limit_share,
-        interval_s=settings.replica_heartbeat_s,
-    )
-    admitter = Admitter(
-        store,
-        clock=clock,
-        metrics=metrics,
-        failure_mode=settings.store_failure_mode,
-        local_share=replicas.share,
-        concurrency_grace_s=settings.concurrency_grace_s,
-    )
-    spool_dir = settings.spool_path()
-    ledger = LedgerWriter(
-        store,
-        clock=clock,
-        metrics=metrics,
-        spool=Spool(spool_dir, max_bytes=settings.spool_max_bytes) if spool_dir else None,
-        settle_spool=SettlementSpool(spool_dir, max_bytes=settings.spool_max_bytes) if spool_dir else None,
-        usage_landed=admitter.usage_landed,
-        settle_landed=admitter.settle_landed,
-    )
+    replicas = ReplicaRegistry.from_settings(store, clock=clock, settings=settings)
+    admitter = Admitter.from_settings(store, clock=clock, metrics=metrics, settings=settings, replicas=replicas)
+    ledger = LedgerWriter.from_settings(store, clock=clock, metrics=metrics, settings=settings, admitter=admitter)
     gw = Gateway(
         settings=settings,
         fleet=fleet,
@@ -117,47 +97,18 @@ async def running_gateway(
         store=store,
         clock=clock,
         metrics=metrics,
-        keys=KeyRing(
-            tenants,
-            store,
-            pepper=settings.key_pepper.get_secret_value(),
-            clock=clock,
-            cache_ttl_s=settings.key_cache_ttl_s,
-        ),
+        keys=KeyRing.from_settings(tenants, store, clock=clock, settings=settings),
         admitter=admitter,
         pool=pool,
-        router=default_router(
-            weight_queue=settings.weight_queue,
-            weight_kv=settings.weight_kv,
-            weight_speculation=settings.weight_speculation,
-            weight_ttft=settings.weight_ttft,
-            prefill_tokens_per_slot=settings.prefill_tokens_per_slot,
-            prefill_rates=prefill_rates(fleet, override=settings.prefill_tokens_per_s),
-            ttft_reference_s=settings.ttft_reference_s,
-            placement=placement_filter(fleet, tenants, metrics=metrics),
-            prefix=PrefixScorer(
-                prefix,
-                load_factor=settings.prefix_load_factor,
-                prefill_tokens_per_slot=settings.prefill_tokens_per_slot,
-            ),
-            weight_prefix=settings.weight_prefix,
-            rng=rng,
-        ),
+        router=default_router(settings, fleet, tenants, metrics=metrics, prefix=prefix, rng=rng),
         upstream=Upstream(session, pool=pool, settings=settings, metrics=metrics),
         ledger=ledger,
         tracer=tracing.tracer,
-        body_rules=BodyRules(
-            max_messages=settings.max_messages,
-            max_n=settings.max_n,
-            default_max_tokens=settings.default_max_tokens,
-            chars_per_token=settings.chars_per_token,
-            tokens_per_message=settings.tokens_per_message,
-            tokens_per_image=settings.tokens_per_image,
-        ),
+        body_rules=BodyRules.from_settings(settings),
         overload=OverloadGate(pool, settings=settings, metrics=metrics, clock=clock),
         replicas=replicas,
         tenant_book=TenantBook(tenants, store, on_change=lambda in_force: gw.use_tenants(in_force)),
-        prefix=prefix if settings.weight_prefix > 0 else None,
+        prefix=prefix,
     )
     await gw.tenant_book.load()
     ledger.start()

@@ -29,9 +29,10 @@ from fleet.perf import Profile
 from fleet.plan import FleetPlan, TrafficClass, traffic_class
 from fleet.store.protocol import WorkerState
 from fleet.worker_mode import WorkerMode
-from gateway.routing.placement import PlacementFilter, placement_filter
+from gateway.routing.context import RouteContext
+from gateway.routing.filters.placement import PlacementFilter, placement_filter
 from gateway.routing.pool import WorkerView
-from gateway.routing.router import RouteContext, default_router
+from gateway.routing.router import default_router
 from gateway.settings import GatewaySettings
 from workers.sim.arrivals import RequestSpec
 from workers.sim.virtual import Router, VirtualWorker
@@ -114,11 +115,9 @@ class GatewayRouter(Router):
         self._modes = modes
         self._draws = random.Random(seed + 7919)
         self._router = default_router(
+            s.model_copy(update={"weight_ttft": 0.0}),  # the lab's router has always left the TTFT scorer out
+            fleet,
             placement=self._placement_filter(fleet, tiers, profile) if placement else None,
-            weight_queue=s.weight_queue,
-            weight_kv=s.weight_kv,
-            weight_speculation=s.weight_speculation,
-            prefill_tokens_per_slot=s.prefill_tokens_per_slot,
             rng=random.Random(seed),
         )
         self._configs = {w.id: w for w in fleet.workers}

@@ -23,8 +23,9 @@ from starlette.types import Message, Receive, Scope, Send
 
 from gateway import errors
 from gateway.intake.session import SESSION_HEADER
-from gateway.pipeline import CHAT, RESPONSES, TEXT, Endpoint, complete
-from gateway.routing.placement import WORKLOAD_HEADER
+from gateway.pipeline import complete
+from gateway.routing.filters.placement import WORKLOAD_HEADER
+from gateway.upstream.endpoints import CHAT, RESPONSES, TEXT, Endpoint
 from gateway.wiring import Gateway
 
 log = logging.getLogger(__name__)

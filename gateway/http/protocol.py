@@ -23,9 +23,11 @@ class _HeadTooLarge(Exception):
 
 
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
-    max_header_bytes = 32 * 1024
-    max_headers = 100
-    header_timeout_s = 5.0
+    """Set by ``guarded_protocol`` from the settings of the same names (which hold their defaults)."""
+
+    max_header_bytes: int
+    max_headers: int
+    header_timeout_s: float
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)

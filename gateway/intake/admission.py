@@ -25,10 +25,9 @@ from fleet.store.keys import spend_key
 from fleet.store.memory import MemoryStore
 from fleet.store.protocol import Admission, BudgetLimit, Limit, Settlement, SlotLimit, Store, UsageRecord, WindowLimit
 from gateway.errors import BudgetExceeded, RateLimited, StoreUnavailable
+from gateway.intake.replicas import ReplicaRegistry
+from gateway.settings import GatewaySettings
 from gateway.usage.metrics import GatewayMetrics
-
-REASONS = ("rpm", "tpm", "concurrency", "budget")
-"""Every admission-rejection reason (a bounded metric label)."""
 
 
 @dataclass(slots=True)
@@ -123,6 +122,20 @@ class Admitter:
         """Concurrency key → slot ids of finished requests whose settlement has not reached the store yet."""
         self._unbilled: dict[str, float] = {}
         """Spend key → USD of finished requests whose usage record is not in the store yet."""
+
+    @classmethod
+    def from_settings(
+        cls,
+        store: Store,
+        *,
+        clock: Clock,
+        metrics: GatewayMetrics,
+        settings: GatewaySettings,
+        replicas: ReplicaRegistry,
+    ) -> Admitter:
+        """The admitter of ``settings``, enforcing ``replicas``' local share of each limit during an outage."""
+        return cls(store, clock=clock, metrics=metrics, failure_mode=settings.store_failure_mode,
+                   local_share=replicas.share, concurrency_grace_s=settings.concurrency_grace_s)  # fmt: skip
 
     async def admit(self, tenant: TenantConfig, *, request_id: str, tokens: int) -> Ticket:
         """Reserve every limit of ``tenant`` or raise ``RateLimited`` / ``BudgetExceeded`` naming the limit."""

@@ -17,6 +17,7 @@ from fleet.clock import Clock
 from fleet.config import TenantConfig, TenantsConfig, TierConfig, key_digest
 from fleet.store.protocol import Store
 from gateway.errors import AuthenticationFailed, StoreUnavailable, TenantSuspended
+from gateway.settings import GatewaySettings
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +61,11 @@ class KeyRing:
         self._size = cache_size
         self._cache: OrderedDict[str, tuple[float, tuple[str, str] | None]] = OrderedDict()
         self.use(tenants)
+
+    @classmethod
+    def from_settings(cls, tenants: TenantsConfig, store: Store, *, clock: Clock, settings: GatewaySettings) -> KeyRing:
+        return cls(tenants, store, pepper=settings.key_pepper.get_secret_value(), clock=clock,
+                   cache_ttl_s=settings.key_cache_ttl_s)  # fmt: skip
 
     def use(self, tenants: TenantsConfig) -> None:
         """Serve ``tenants`` from now on (the tenants in force changed at run time: ``gateway.intake.tenant_book``)."""

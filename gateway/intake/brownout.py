@@ -52,15 +52,6 @@ class Brownout:
 
 def cap_max_tokens(req: CompletionRequest, tier: TierConfig, *, default_max_tokens: int) -> bool:
     """Lower ``req``'s ``max_tokens`` (body and reservation) to the tier's ``brownout_max_tokens``; False when the
-    tier has no cap or the request already asks for no more. The reservation shrinks by the completion tokens
-    taken off every choice of every prompt, as ``gateway.upstream.body`` reserved them."""
+    tier has no cap or the request already asks for no more."""
     cap = tier.brownout_max_tokens
-    asked = req.max_tokens if req.max_tokens is not None else default_max_tokens
-    if cap is None or asked <= cap:
-        return False
-    per_request = req.choices * (1 if req.chat else len(req.prompt_parts))
-    req.reserved_tokens -= (asked - cap) * per_request
-    req.max_tokens = cap
-    req.body.pop("max_completion_tokens", None)
-    req.body[req.max_tokens_field] = cap
-    return True
+    return cap is not None and req.cap_max_tokens(cap, default_max_tokens=default_max_tokens)

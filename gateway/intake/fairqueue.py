@@ -21,7 +21,7 @@ mechanism that drives it.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -83,16 +83,25 @@ class _Band(Generic[T]):
         del self.fifos[tenant], self.deficit[tenant]
         self.ring.remove(tenant)
 
-    def pop(self, quantum: int) -> Entry[T]:
-        """The next entry by DRR; the band must not be empty. Bounded: each full turn of the ring adds Q to
-        every deficit, so the largest head cost is paid within ``ceil(max cost / Q)`` turns."""
-        turns = len(self.ring) * (max(self.fifos[t][0].cost for t in self.ring) // quantum + 2)
+    def pop(self, quantum: int, ready: Callable[[Entry[T]], bool] | None = None) -> Entry[T] | None:
+        """The next entry by DRR among the tenants whose head entry is ``ready`` (all, without it); None when none
+        is. A tenant whose head is not ready keeps its place and its deficit, and its later entries wait behind
+        the head (FIFO per tenant). Bounded: each full turn of the ring adds Q to every ready tenant's deficit,
+        so the largest head cost is paid within ``ceil(max cost / Q)`` turns."""
+        live = [t for t in self.ring if ready is None or ready(self.fifos[t][0])]
+        if not live:
+            return None
+        turns = len(self.ring) * (max(self.fifos[t][0].cost for t in live) // quantum + 2)
         for _ in range(turns):
             tenant = self.ring[0]
+            fifo = self.fifos[tenant]
+            if ready is not None and tenant not in live:
+                self.ring.rotate(-1)
+                self.credited = False
+                continue
             if not self.credited:
                 self.deficit[tenant] += quantum
                 self.credited = True
-            fifo = self.fifos[tenant]
             if fifo[0].cost <= self.deficit[tenant]:
                 entry = fifo.popleft()
                 self.deficit[tenant] -= entry.cost
@@ -161,13 +170,16 @@ class FairQueue(Generic[T]):
                 return max(sheddable, key=lambda e: e.seq)
         return None
 
-    def pop(self) -> Entry[T] | None:
-        """The next entry to dispatch: the most important non-empty band, DRR within it."""
+    def pop(self, ready: Callable[[Entry[T]], bool] | None = None) -> Entry[T] | None:
+        """The next entry to dispatch: the most important band with a ``ready`` entry (any, without ``ready``), DRR
+        within it; None when there is none."""
         for priority in sorted(self._bands):
             band = self._bands[priority]
             if band.size:
-                self._size -= 1
-                return band.pop(self.quantum)
+                entry = band.pop(self.quantum, ready)
+                if entry is not None:
+                    self._size -= 1
+                    return entry
         return None
 
     def remove(self, entry: Entry[T]) -> bool:

@@ -4,15 +4,19 @@ between tenants, which request is refused — is ``gateway.intake.fairqueue``; t
 
 **Headroom.** A worker's free slots are ``ceil(max_occupancy · max_num_seqs − load − prefill_tokens /
 prefill_tokens_per_slot)`` (0 when that is ≤ 0, or when its published ``kv_usage ≥ overload_kv_threshold``),
-with ``load = max(published running + waiting, this gateway's in-flight)`` (``gateway.routing.router.load_of``) and
-``prefill_tokens`` this gateway's prompt tokens outstanding there — the queue scorer's occupancy, kept below
-``overload_max_occupancy`` (and, for a worker in a pool of the fleet plan, below its ``max_concurrency``).
-A pool has headroom while the free slots of its healthy, non-ejected workers
-exceed the requests already dispatched from the queue that have not yet reached a worker.
+— the queue scorer's occupancy (``gateway.routing.pool.occupancy``), kept below ``overload_max_occupancy``
+(and, for a worker in a pool of the fleet plan, below its ``max_concurrency``). A request's candidates have
+headroom while the free slots of those still routable (``gateway.routing.filters.eligibility.routable``) exceed
+the requests already dispatched to them from the queue that have not yet reached a worker. Each queued request
+waits on its own candidates — the router's choice for it, placement included — so a batch request whose pool is
+at its cap is not released because an interactive worker has room.
 
-**Fast path.** With the model's queue empty and headroom in the pool, ``enter`` returns at once: no queue, no
-future, no allocation. Otherwise the request queues and waits for ``dispatch``, which runs whenever capacity
-may have come back (a first byte, the end of a call, a failed call) and on every tick (``overload_tick_s``).
+**The slot.** ``async with gate.slot(req, principal, ranked) as queued:`` is the pipeline's one use of the gate: its
+entry waits (``enter``), its exit pokes the queue (the call's worker may have room again). With the model's
+queue empty and headroom on the candidates, the entry returns at once: no queue, no future, no allocation.
+Otherwise the request queues and waits for ``dispatch``, which runs whenever capacity may have come back (a
+worker's first byte, through ``WorkerPool.on_prefill_done``; the end of a call, at the slot's exit) and on every
+tick (``overload_tick_s``).
 
 **Refusals** (counted in ``gearshift_gateway_shed_requests_total{tier, reason}``):
 
@@ -46,10 +50,11 @@ from types import TracebackType
 from fleet.clock import Clock
 from fleet.config import TierConfig
 from gateway.errors import FleetOverloaded, GatewayError, Shed
+from gateway.intake.auth import Principal
 from gateway.intake.brownout import Brownout, cap_max_tokens
 from gateway.intake.fairqueue import Entry, FairQueue
-from gateway.routing.pool import WorkerPool, WorkerView
-from gateway.routing.router import load_of
+from gateway.routing.filters.eligibility import routable
+from gateway.routing.pool import WorkerPool, WorkerView, occupancy
 from gateway.settings import GatewaySettings
 from gateway.upstream.body import CompletionRequest
 from gateway.usage.metrics import GatewayMetrics
@@ -61,13 +66,27 @@ _RATE_SAMPLES = 4096
 """Dispatch times kept per model for the drain rate (the window trims them further)."""
 
 
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """Who asks the gate for a slot: the request's model, tenant and tier, and its reserved tokens (its DRR cost)."""
+
+    model: str
+    tenant: str
+    tier_name: str
+    tier: TierConfig
+    tokens: int
+
+
 @dataclass(eq=False, slots=True)
 class Waiter:
-    """What a queued request waits on: its future is resolved by ``dispatch`` (or failed with its refusal)."""
+    """What a queued request waits on: its future is resolved by ``dispatch`` (or failed with its refusal) once
+    one of its ``candidates`` has a free slot; ``seat`` is then the worker id its dispatch counts against."""
 
     future: asyncio.Future[None]
     tier_name: str
     tier: TierConfig
+    candidates: Sequence[WorkerView]
+    seat: str | None = None
 
 
 def free_slots(worker: WorkerView, *, max_occupancy: float, kv_threshold: float, prefill_tokens_per_slot: int) -> int:
@@ -77,25 +96,27 @@ def free_slots(worker: WorkerView, *, max_occupancy: float, kv_threshold: float,
     slots = max_occupancy * worker.config.max_num_seqs
     if worker.pool is not None and worker.pool.max_concurrency is not None:  # the fleet plan's cap
         slots = min(slots, worker.pool.max_concurrency)
-    room = slots - load_of(worker) - worker.prefill_tokens / prefill_tokens_per_slot
+    room = slots - occupancy(worker, prefill_tokens_per_slot)
     return math.ceil(room) if room > 0 else 0
 
 
-class _Poke:
-    """``async with gate.on_release(model), hold:`` dispatches queued requests once the hold has closed."""
+class Slot:
+    """``async with gate.slot(claim, ranked) as queued:`` — the entry waits for headroom on ``ranked`` (``queued``:
+    None on the fast path, else the seconds it queued; raises the refusal), the exit dispatches what the released
+    capacity allows."""
 
-    __slots__ = ("_gate", "_model")
+    __slots__ = ("_claim", "_gate", "_ranked")
 
-    def __init__(self, gate: OverloadGate, model: str) -> None:
-        self._gate, self._model = gate, model
+    def __init__(self, gate: OverloadGate, claim: Claim, ranked: Sequence[WorkerView]) -> None:
+        self._gate, self._claim, self._ranked = gate, claim, ranked
 
-    async def __aenter__(self) -> None:
-        return None
+    async def __aenter__(self) -> float | None:
+        return await self._gate.enter(self._claim, self._ranked)
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        self._gate.poke(self._model)
+        self._gate.poke(self._claim.model)
 
 
 class OverloadGate:
@@ -108,7 +129,8 @@ class OverloadGate:
         self._clock = clock
         self._queues: dict[str, FairQueue[Waiter]] = {}
         self._pending: dict[str, int] = {}
-        """Requests dispatched from the queue whose task has not resumed yet (they hold no worker yet)."""
+        """Per worker id: requests dispatched from the queue against it whose task has not resumed yet (they hold
+        no worker yet)."""
         self._dispatched: dict[str, deque[float]] = {}
         """Monotonic times of recent dispatches, per model (the drain-rate window)."""
         self.brownout = Brownout(
@@ -116,6 +138,7 @@ class OverloadGate:
             after_s=settings.brownout_after_s,
             recover_s=settings.brownout_recover_s,
         )
+        pool.on_prefill_done.append(self.poke)  # a worker's prefill ended: it may have room again
 
     # ------------------------------------------------------------------------------------ the pipeline's
     def brownout_cap(self, req: CompletionRequest, tier: TierConfig) -> None:
@@ -123,21 +146,20 @@ class OverloadGate:
         if self.brownout.active:
             cap_max_tokens(req, tier, default_max_tokens=self._settings.default_max_tokens)
 
-    async def enter(
-        self, *, model: str, ranked: Sequence[WorkerView], tenant: str, tier_name: str, tier: TierConfig, tokens: int
-    ) -> float | None:
-        """Return once the request may go to a worker: None at once on the fast path, else the seconds it
-        queued. Raises ``Shed`` (429) or ``FleetOverloaded`` (503) when it is refused. ``ranked`` are the
-        router's candidates for it; ``tokens`` its reserved tokens (its DRR cost)."""
+    def slot(self, req: CompletionRequest, principal: Principal, ranked: Sequence[WorkerView]) -> Slot:
+        """The request's use of the gate (``Slot``); ``ranked`` are the router's candidates for it."""
+        claim = Claim(req.model, principal.tenant.id, principal.tier_name, principal.tier, req.reserved_tokens)
+        return Slot(self, claim, ranked)
+
+    async def enter(self, claim: Claim, ranked: Sequence[WorkerView]) -> float | None:
+        """Return once the request may go to one of ``ranked``: None at once on the fast path, else the seconds it
+        queued. Raises ``Shed`` (429) or ``FleetOverloaded`` (503) when it is refused."""
         if not self._settings.overload_control:
             return None
-        queue = self._queues.get(model)
-        if not queue and self._headroom(model, ranked) > 0:
+        queue = self._queues.get(claim.model)
+        if not queue and self._headroom(ranked) > 0:
             return None
-        return await self._wait(model, tenant=tenant, tier_name=tier_name, tier=tier, tokens=tokens)
-
-    def on_release(self, model: str) -> _Poke:
-        return _Poke(self, model)
+        return await self._wait(claim, ranked)
 
     def poke(self, model: str) -> None:
         """Capacity may have come back on ``model``'s workers: dispatch what the headroom allows."""
@@ -145,23 +167,21 @@ class OverloadGate:
             self.dispatch(model)
 
     # --------------------------------------------------------------------------------------- mechanism
-    def _headroom(self, model: str, workers: Sequence[WorkerView]) -> int:
+    def _free(self, worker: WorkerView) -> int:
+        """``worker``'s free slots less the dispatches counted against it that have not reached it yet."""
         s = self._settings
-        free = sum(
-            free_slots(
-                w,
-                max_occupancy=s.overload_max_occupancy,
-                kv_threshold=s.overload_kv_threshold,
-                prefill_tokens_per_slot=s.prefill_tokens_per_slot,
-            )
-            for w in workers
+        free = free_slots(
+            worker,
+            max_occupancy=s.overload_max_occupancy,
+            kv_threshold=s.overload_kv_threshold,
+            prefill_tokens_per_slot=s.prefill_tokens_per_slot,
         )
-        return free - self._pending.get(model, 0)
+        return free - self._pending.get(worker.id, 0)
 
-    def _eligible(self, model: str) -> list[WorkerView]:
+    def _headroom(self, workers: Sequence[WorkerView]) -> int:
+        """Free slots on the routable ones of ``workers`` (a request's candidates)."""
         now = self._clock.wall()
-        routable = (w for w in self._pool.serving(model) if w.mode is None or w.mode.routable)  # not draining
-        return [w for w in routable if w.healthy and w.ejected_until <= now]
+        return sum(self._free(w) for w in workers if routable(w, now))
 
     def _queue(self, model: str) -> FairQueue[Waiter]:
         queue = self._queues.get(model)
@@ -170,20 +190,20 @@ class OverloadGate:
             queue = self._queues[model] = FairQueue(
                 capacity=s.overload_queue_size, quantum_tokens=s.overload_quantum_tokens
             )
-            self._pending.setdefault(model, 0)
             self._dispatched[model] = deque(maxlen=_RATE_SAMPLES)
         return queue
 
-    async def _wait(self, model: str, *, tenant: str, tier_name: str, tier: TierConfig, tokens: int) -> float:
+    async def _wait(self, claim: Claim, ranked: Sequence[WorkerView]) -> float:
+        model, tier, tier_name = claim.model, claim.tier, claim.tier_name
         queue = self._queue(model)
         now = self._clock.monotonic()
         if tier.sheddable and tier.ttft_target_s is not None:
             predicted = self._predicted_wait(model, queue.ahead_of(tier.priority) + 1, now)
             if predicted is not None and predicted > tier.ttft_target_s:
                 raise self._refusal(model, tier_name, tier, "predicted_ttft", waited_s=0.0)
-        waiter = Waiter(asyncio.get_running_loop().create_future(), tier_name, tier)
+        waiter = Waiter(asyncio.get_running_loop().create_future(), tier_name, tier, ranked)
         budget = tier.ttft_target_s if tier.ttft_target_s is not None else self._settings.overload_max_wait_s
-        entry = Entry(tenant, tier.priority, tier.sheddable, max(1, tokens), now, now + budget, waiter)
+        entry = Entry(claim.tenant, tier.priority, tier.sheddable, max(1, claim.tokens), now, now + budget, waiter)
         queued, evicted = queue.offer(entry)
         if evicted is not None:
             self._refuse(model, evicted, "evicted", now)
@@ -197,35 +217,48 @@ class OverloadGate:
             if queue.remove(entry):
                 self._publish(model)
             elif waiter.future.done() and not waiter.future.cancelled() and waiter.future.exception() is None:
-                self._resumed(model)  # dispatched, then the client left before it ran: pass its turn on
+                self._resumed(waiter)  # dispatched, then the client left before it ran: pass its turn on
                 self.poke(model)
             raise
-        self._resumed(model)
+        self._resumed(waiter)
         waited = self._clock.monotonic() - now
         self._metrics.child(self._metrics.queued_time, tier_name).observe(waited)
         return waited
 
-    def _resumed(self, model: str) -> None:
+    def _resumed(self, waiter: Waiter) -> None:
         """A dispatched request runs again; it takes its worker before it next yields (route and the hold's
         creation in ``Upstream.open`` do not suspend), so the worker's own counts take over from here."""
-        self._pending[model] -= 1
+        if waiter.seat is not None:
+            self._pending[waiter.seat] -= 1
+
+    def _seat(self, waiter: Waiter) -> str | None:
+        """The routable candidate of ``waiter`` with the most free slots, if any has one."""
+        now = self._clock.wall()
+        best, most = None, 0
+        for w in waiter.candidates:
+            if routable(w, now) and (free := self._free(w)) > most:
+                best, most = w.id, free
+        return best
 
     def dispatch(self, model: str) -> None:
-        """Resolve queued requests, most deserving first, while the pool has headroom."""
+        """Resolve queued requests, most deserving first, each while one of its own candidates has a free slot
+        (a request whose candidates are all full waits and lets the next one go)."""
         queue = self._queues.get(model)
         if not queue:
             return
-        room = self._headroom(model, self._eligible(model))
         now = self._clock.monotonic()
         times = self._dispatched[model]
-        for _ in range(max(0, min(room, len(queue)))):
-            entry = queue.pop()
+        while queue:
+            entry = queue.pop(ready=lambda e: e.item.future.done() or self._seat(e.item) is not None)
             if entry is None:
                 break
-            if entry.item.future.done():  # cancelled between its cancellation and its own cleanup
+            waiter = entry.item
+            if waiter.future.done():  # cancelled between its cancellation and its own cleanup
                 continue
-            entry.item.future.set_result(None)
-            self._pending[model] += 1
+            waiter.seat = self._seat(waiter)
+            assert waiter.seat is not None
+            waiter.future.set_result(None)
+            self._pending[waiter.seat] = self._pending.get(waiter.seat, 0) + 1
             times.append(now)
         self._publish(model)
 

@@ -11,6 +11,7 @@ import uuid
 
 from fleet.clock import Clock
 from fleet.store.protocol import Store
+from gateway.settings import GatewaySettings
 
 HEARTBEAT_PERIODS_TTL = 3
 """A replica counts until this many heartbeat intervals pass without one."""
@@ -28,6 +29,12 @@ class ReplicaRegistry:
         self.replica_id = f"gw-{uuid.uuid4().hex[:12]}"
         self.count = floor
         """Replicas alive at the last heartbeat (at least ``floor``)."""
+
+    @classmethod
+    def from_settings(cls, store: Store, *, clock: Clock, settings: GatewaySettings) -> ReplicaRegistry:
+        s = settings
+        return cls(store, clock=clock, floor=s.gateway_replicas, cap=s.local_limit_share,
+                   interval_s=s.replica_heartbeat_s)  # fmt: skip
 
     async def beat(self) -> None:
         """Heartbeat once and refresh ``count``; a store error leaves the last count in place."""

@@ -61,6 +61,20 @@ class WorkerView:
         self.id = self.config.id
 
 
+def load_of(worker: WorkerView) -> float:
+    """Requests on the worker: the controller's published running + waiting, or this gateway's own in-flight
+    count when it is larger (published state lags by up to a scrape interval)."""
+    published = worker.state.running + worker.state.waiting if worker.state else 0.0
+    return max(published, float(worker.in_flight))
+
+
+def occupancy(worker: WorkerView, prefill_tokens_per_slot: int) -> float:
+    """The worker's work in requests: ``load_of`` plus this gateway's outstanding prompt tokens there, counted
+    ``prefill_tokens_per_slot`` tokens per request (a worker prefilling a 150 k-token prompt admits new requests
+    only after it). The queue, speculation and prefix scorers and the overload gate's headroom all read this."""
+    return load_of(worker) + worker.prefill_tokens / prefill_tokens_per_slot
+
+
 @dataclass
 class WorkerPool:
     """Every configured worker, its health and shared state, and the ejection policy."""
@@ -73,6 +87,8 @@ class WorkerPool:
     views: dict[str, WorkerView] = field(init=False)
     plans: dict[str, FleetPlan] = field(default_factory=dict)
     """The fleet plans in the store at the last refresh, by model, fresh or not (``fleet.plan``)."""
+    on_prefill_done: list[Callable[[str], None]] = field(default_factory=list)
+    """Called with the model when a request's prefill on one of its workers ended (``prefill_done``)."""
 
     def __post_init__(self) -> None:
         self.views = {w.id: WorkerView(config=w) for w in self.fleet.workers}
@@ -86,6 +102,11 @@ class WorkerPool:
         return any(v.probed and v.healthy and v.ejected_until <= now for v in self.views.values())
 
     # ----------------------------------------------------------------------------------- outcomes
+    def prefill_done(self, view: WorkerView) -> None:
+        """A request's prefill on ``view`` ended (its first byte, or its end): the worker may have room again."""
+        for listener in self.on_prefill_done:
+            listener(view.config.model)
+
     def succeeded(self, view: WorkerView) -> None:
         view.failures = 0
         view.healthy = True

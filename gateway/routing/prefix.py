@@ -16,10 +16,10 @@ the block (Unix seconds). It is approximate, as the worker's cache is not observ
 after its last use, and at most ``capacity`` entries are kept (the least recently used are dropped; about 200 bytes
 each).
 
-**Score.** ``PrefixScorer`` gives each worker ``matched / blocks``: the share of the request's leading blocks
-recorded for it. Bounded load: a worker whose load exceeds ``load_factor × (least + 1)`` — least being the smallest
-load among the candidates, load as the queue scorer counts it (requests, plus outstanding prefill tokens over
-``prefill_tokens_per_slot``) — scores 0, so affinity gives way once its worker is busier than the others by that
+**Score.** ``gateway.routing.scorers.prefix.PrefixScorer`` gives each worker ``matched / blocks``: the share of
+the request's leading blocks recorded for it. Bounded load: a worker whose load exceeds ``load_factor × (least +
+1)`` — least being the smallest load among the candidates, load as the queue scorer counts it
+(``gateway.routing.pool.occupancy``) — scores 0, so affinity gives way once its worker is busier than the others by that
 factor, and a hot prefix spreads over the workers (each then holds it too).
 """
 
@@ -31,14 +31,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import orjson
-
-from gateway.routing.pool import WorkerView
-from gateway.routing.router import DEFAULT_PREFILL_TOKENS_PER_SLOT, RouteContext, load_of
-
-DEFAULT_BLOCK_CHARS = 512
-"""Characters per hashed block (about 128 tokens at 4 characters a token)."""
-DEFAULT_MAX_BLOCKS = 1024
-"""Most leading blocks hashed per request (512 k characters, about 128 k tokens): bounds the cost per request."""
 
 
 def _message_text(message: Mapping[str, Any]) -> str:
@@ -105,9 +97,7 @@ def prompt_text(body: Mapping[str, Any], *, chat: bool, limit: int | None = None
     return "".join(parts)
 
 
-def block_hashes(
-    text: str, *, block_chars: int = DEFAULT_BLOCK_CHARS, max_blocks: int = DEFAULT_MAX_BLOCKS
-) -> tuple[int, ...]:
+def block_hashes(text: str, *, block_chars: int, max_blocks: int) -> tuple[int, ...]:
     """Chained hashes of the full ``block_chars``-character blocks of ``text``, at most ``max_blocks``."""
     count = min(len(text) // block_chars, max_blocks)
     out = []
@@ -166,36 +156,3 @@ class PrefixIndex:
                     hi = mid - 1
             matched[w] = lo
         return matched
-
-
-class PrefixScorer:
-    """``matched / blocks`` of the request's leading prompt blocks the index holds for the worker, or 0 when the
-    worker's load exceeds ``load_factor × (least + 1)`` (bounded load; see the module docstring). Requests
-    without blocks score 0 everywhere."""
-
-    name = "prefix"
-
-    def __init__(
-        self,
-        index: PrefixIndex,
-        *,
-        load_factor: float = 2.0,
-        prefill_tokens_per_slot: int = DEFAULT_PREFILL_TOKENS_PER_SLOT,
-    ) -> None:
-        if load_factor < 1 or prefill_tokens_per_slot <= 0:
-            raise ValueError("load_factor: must be ≥ 1; prefill_tokens_per_slot: must be positive")
-        self.index = index
-        self._factor = load_factor
-        self._per_slot = prefill_tokens_per_slot
-
-    def _load(self, worker: WorkerView) -> float:
-        return load_of(worker) + worker.prefill_tokens / self._per_slot
-
-    async def __call__(self, ctx: RouteContext, workers: Sequence[WorkerView]) -> list[float]:
-        blocks = ctx.prefix_blocks
-        if not blocks or not workers:
-            return [0.0] * len(workers)
-        matched = self.index.matches(blocks, [w.id for w in workers], ctx.now)
-        loads = [self._load(w) for w in workers]
-        bound = self._factor * (min(loads) + 1.0)
-        return [matched[w.id] / len(blocks) if load <= bound else 0.0 for w, load in zip(workers, loads, strict=True)]

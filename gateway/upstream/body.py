@@ -19,28 +19,40 @@ from typing import Any
 import orjson
 
 from gateway.errors import InvalidRequest
+from gateway.settings import GatewaySettings
 
 
 @dataclass(frozen=True, slots=True)
 class BodyRules:
-    """The limits on a completion body and how its tokens are estimated (from the gateway settings)."""
+    """The limits on a completion body and how its tokens are estimated (the gateway settings of the same names
+    hold their meaning and defaults)."""
 
-    max_messages: int = 1024
+    max_messages: int
     """Most messages (or completion prompts)."""
-    max_n: int = 128
+    max_n: int
     """Most choices (``n``, ``best_of``)."""
-    default_max_tokens: int = 4096
+    default_max_tokens: int
     """Completion tokens reserved per choice when the request sets no ``max_tokens``."""
-    chars_per_token: float = 4.0
-    tokens_per_message: int = 4
+    chars_per_token: float
+    tokens_per_message: int
     """Chat-template tokens per message (and as many again to prime the reply)."""
-    tokens_per_image: int = 1024
-    """Prompt tokens counted per image part. ASSUMED: a 1024×1024 image through a ViT of 14-pixel patches merged
-    2×2 (Kimi's MoonViT) is about 1 340 tokens, OpenAI's high-detail tiling about 765; over-reservation is
-    refunded after the worker's usage arrives."""
+    tokens_per_image: int
+    """Prompt tokens counted per image part."""
+
+    @classmethod
+    def from_settings(cls, settings: GatewaySettings) -> BodyRules:
+        s = settings
+        return cls(
+            max_messages=s.max_messages, max_n=s.max_n, default_max_tokens=s.default_max_tokens,
+            chars_per_token=s.chars_per_token, tokens_per_message=s.tokens_per_message,
+            tokens_per_image=s.tokens_per_image,
+        )  # fmt: skip
 
 
-DEFAULT_RULES = BodyRules()
+def sequences(*, chat: bool, prompts: int, choices: int) -> int:
+    """Sequences a request generates, each allowed ``max_tokens``: every choice (``n``) of every prompt (a chat
+    has one prompt; a text completion may list several)."""
+    return choices * (1 if chat else prompts)
 
 
 @dataclass(slots=True)
@@ -71,9 +83,18 @@ class CompletionRequest:
     """Streams ask the worker for usage with ``stream_options`` (the Responses API has none: its last event
     carries the usage)."""
 
-    @property
-    def prompt_chars(self) -> int:
-        return sum(self.prompt_parts)
+    def cap_max_tokens(self, cap: int, *, default_max_tokens: int) -> bool:
+        """Lower ``max_tokens`` (body and reservation) to ``cap``; False when the request already asks for no more.
+        The reservation shrinks by the completion tokens taken off every sequence, as ``estimate`` reserved them."""
+        asked = self.max_tokens if self.max_tokens is not None else default_max_tokens
+        if asked <= cap:
+            return False
+        self.reserved_tokens -= (asked - cap) * sequences(chat=self.chat, prompts=len(self.prompt_parts),
+                                                          choices=self.choices)  # fmt: skip
+        self.max_tokens = cap
+        self.body.pop("max_completion_tokens", None)
+        self.body[self.max_tokens_field] = cap
+        return True
 
     def upstream_body(self, *, priority: int | None) -> bytes:
         """The body sent to the worker: for streams, usage forced on — the usage chunk, and each chunk's running
@@ -177,8 +198,8 @@ def estimate(
     if chat:
         prompt += rules.tokens_per_message * (len(parts) + 1)
     prompt += math.ceil(schema / rules.chars_per_token) + images * rules.tokens_per_image
-    completion = (max_tokens if max_tokens is not None else rules.default_max_tokens) * choices
-    completion *= 1 if chat else len(parts)  # a list of prompts completes each one
+    allowance = max_tokens if max_tokens is not None else rules.default_max_tokens
+    completion = allowance * sequences(chat=chat, prompts=len(parts), choices=choices)
     return prompt, prompt + completion
 
 
@@ -196,7 +217,7 @@ def body_head(raw: bytes) -> tuple[dict[str, Any], str]:
     return body, model
 
 
-def parse_completion(raw: bytes, *, prompt_field: str, rules: BodyRules = DEFAULT_RULES) -> CompletionRequest:
+def parse_completion(raw: bytes, *, prompt_field: str, rules: BodyRules) -> CompletionRequest:
     """Parse a chat (``prompt_field="messages"``) or text (``"prompt"``) completion body and estimate its tokens."""
     body, model = body_head(raw)
     stream = body.get("stream", False)

@@ -91,6 +91,7 @@ class Hold:
         if self._prefill:
             self.worker.prefill_tokens = max(0, self.worker.prefill_tokens - self._prefill)
             self._prefill = 0
+            self._pool.prefill_done(self.worker)
 
     async def __aenter__(self) -> Hold:
         return self

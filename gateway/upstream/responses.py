@@ -18,18 +18,15 @@ step's tokens, up to k + 1 under speculation). A failure after the stream starte
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
-from gateway.errors import GatewayError, InvalidRequest
+from gateway.errors import GatewayError, InvalidRequest, count
 from gateway.upstream.body import BodyRules, CompletionRequest, body_head, count_images, estimate, schema_chars
 from gateway.upstream.sse import StreamMeter, usage_of
 from gateway.usage.metrics import GatewayMetrics
-
-log = logging.getLogger(__name__)
 
 TERMINAL_EVENTS = frozenset({b"response.completed", b"response.incomplete", b"response.failed", b"error"})
 """Event types after which a worker ends a Responses stream."""
@@ -125,12 +122,14 @@ class ResponsesStreamMeter(StreamMeter):
                 self.usage = usage_of(obj.get("response") if isinstance(obj, dict) else None) or self.usage
         return complete
 
+    def end(self, error: GatewayError | None, metrics: GatewayMetrics) -> bytes:
+        """No ``[DONE]``: the worker's terminal event ended the stream; a failure is the API's ``error`` event."""
+        return b"" if error is None else error_event(error, metrics)
+
 
 def error_event(exc: GatewayError, metrics: GatewayMetrics) -> bytes:
-    """A failure after a Responses stream started, as the API's ``error`` event; logged and counted like
-    ``gateway.errors.stream_event``."""
-    if exc.detail is not None:
-        log.warning("%s %s", exc.message, exc.detail)
-    metrics.child(metrics.errors, exc.type).inc()
+    """A failure after a Responses stream started, as the API's ``error`` event; logged and counted like every
+    error (``gateway.errors.count``)."""
+    count(exc, metrics)
     event = {"type": "error", "code": exc.code or exc.type, "message": exc.message, "param": exc.param}
     return b"event: error\ndata: " + orjson.dumps(event) + b"\n\n"

@@ -24,9 +24,11 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from gateway.errors import from_worker, render
+from gateway.errors import GatewayError, from_worker, render, stream_event
+from gateway.usage.metrics import GatewayMetrics
 
 DONE = b"data: [DONE]"
+_DONE_EVENT = DONE + b"\n\n"
 
 
 @dataclass(slots=True)
@@ -77,6 +79,11 @@ class StreamMeter:
     done: bool = False
     _pending: bytes = b""
 
+    def end(self, error: GatewayError | None, metrics: GatewayMetrics) -> bytes:
+        """The stream's last bytes: ``[DONE]``, or for the failure that ended it the error event and ``[DONE]``
+        (counted, ``gateway.errors.stream_event``)."""
+        return _DONE_EVENT if error is None else stream_event(error, metrics)
+
     @property
     def completion_tokens(self) -> int:
         """Completion tokens of the stream so far: the final usage block's, else the sum of the choices' running
@@ -111,11 +118,6 @@ class StreamMeter:
             if kept:
                 out.append(kept + b"\n\n")
         return b"".join(out)
-
-    def flush(self) -> bytes:
-        """What is left of a partial event at the end of the stream."""
-        rest, self._pending = self._pending, b""
-        return rest
 
     def _count_chunks(self, events: int, now: float) -> None:
         if events:

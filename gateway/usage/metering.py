@@ -27,15 +27,19 @@ import contextlib
 import functools
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from fleet.clock import Clock
 from fleet.config import PricingConfig
 from fleet.store.protocol import Settlement, Store, UsageRecord
 from gateway.routing.pool import WorkerView
+from gateway.settings import GatewaySettings
 from gateway.upstream.sse import StreamMeter, Usage
 from gateway.usage.metrics import GatewayMetrics
 from gateway.usage.spool import JsonlSpool, SettlementSpool, Spool
+
+if TYPE_CHECKING:  # the admitter hears what landed; it never imports the writer
+    from gateway.intake.admission import Admitter
 
 log = logging.getLogger(__name__)
 
@@ -279,6 +283,19 @@ class LedgerWriter:
         )
         self._tasks: list[asyncio.Task[None]] = []
 
+    @classmethod
+    def from_settings(
+        cls, store: Store, *, clock: Clock, metrics: GatewayMetrics, settings: GatewaySettings, admitter: Admitter
+    ) -> LedgerWriter:
+        """The writer of ``settings``: spooled under ``spool_path`` when set; ``admitter`` hears what landed."""
+        spool_dir, limit = settings.spool_path(), settings.spool_max_bytes
+        return cls(
+            store, clock=clock, metrics=metrics,
+            spool=Spool(spool_dir, max_bytes=limit) if spool_dir else None,
+            settle_spool=SettlementSpool(spool_dir, max_bytes=limit) if spool_dir else None,
+            usage_landed=admitter.usage_landed, settle_landed=admitter.settle_landed,
+        )  # fmt: skip
+
     def start(self) -> None:
         self._tasks = self._records.tasks() + self._settles.tasks()
 
@@ -288,6 +305,13 @@ class LedgerWriter:
 
     def settle(self, settlement: Settlement) -> None:
         self._settles.queue.put_nowait(settlement)
+        self.backlog()
+
+    def write(self, record: UsageRecord, settlement: Settlement | None) -> None:
+        """A finished call's record, then the settlement of its admission (None: nothing left to settle)."""
+        self._records.queue.put_nowait(record)
+        if settlement is not None:
+            self._settles.queue.put_nowait(settlement)
         self.backlog()
 
     async def idle(self) -> None:

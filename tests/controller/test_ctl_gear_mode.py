@@ -12,9 +12,9 @@ from fleet.config import FleetConfig, TierConfig, WorkerConfig
 from fleet.restart import RestartState
 from fleet.store.memory import MemoryStore
 from fleet.worker_mode import Mode, Phase, WorkerMode, read_modes
-from gateway.routing.draining import NotDrainingFilter
+from gateway.routing.context import RouteContext
+from gateway.routing.filters.eligibility import NotDrainingFilter
 from gateway.routing.pool import WorkerView
-from gateway.routing.router import RouteContext
 
 RESTART_S = 60.0
 CONFIG = DrafterFreeConfig(enabled=True, dwell_factor=1.0, min_dwell_s=0.0, drain_grace_s=5.0, drain_timeout_s=100.0)

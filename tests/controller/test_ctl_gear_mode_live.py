@@ -7,8 +7,6 @@ carries the load meanwhile."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator
 
 import httpx
 import pytest
@@ -26,8 +24,7 @@ from fleet.speculation_client import SpeculationClient
 from fleet.store.memory import MemoryStore
 from fleet.worker_mode import Mode, Phase, read_modes
 from tests.gateway.harness import make_tenants, serve_gateway
-from workers.sim.server import SimServer
-from workers.sim.settings import SimWorkerSettings
+from tests.sims import sim_servers
 
 from .ctl_helpers import CONTROL_TOKEN as TOKEN
 
@@ -45,32 +42,6 @@ def controller_settings(policy: dict[str, object]) -> ControllerSettings:
         stabiliser={"min_dwell_s": 0.2, "probe_interval_s": 3.0, "probe_s": 0.2, "stale_hold_s": 0.5},
         policy=policy,
     )  # fmt: skip
-
-
-@contextlib.asynccontextmanager
-async def sim_workers(n: int) -> AsyncIterator[list[SimServer]]:
-    servers = [
-        SimServer(
-            SimWorkerSettings(
-                worker_id=f"w{i}",
-                port=0,
-                profile="kimi-k3-dspark-tp16",
-                max_num_seqs=32,
-                speedup=SPEEDUP,
-                control_token=TOKEN,
-                seed=i,
-                start_k=0,
-            )
-        )
-        for i in range(n)
-    ]
-    for s in servers:
-        await s.start()
-    try:
-        yield servers
-    finally:
-        for s in servers:
-            await s.stop()
 
 
 async def _load(client: httpx.AsyncClient, stop: asyncio.Event, outcomes: list[int]) -> None:
@@ -102,7 +73,12 @@ async def _until_mode(store: MemoryStore, mode: Mode, timeout_s: float) -> None:
 async def test_drain_restart_without_the_drafter_and_back_under_load() -> None:
     clock = SystemClock()
     store = MemoryStore(clock=clock)
-    async with sim_workers(2) as servers, httpx.AsyncClient() as http:
+    async with (
+        sim_servers(
+            2, profile="kimi-k3-dspark-tp16", max_num_seqs=32, speedup=SPEEDUP, control_token=TOKEN, start_k=0
+        ) as servers,
+        httpx.AsyncClient() as http,
+    ):
         workers = [{"id": s.settings.worker_id, "url": s.url, "model": "kimi-k3", "max_num_seqs": 32} for s in servers]
         workers[1]["allow_drafter_free"] = False  # the operator's per-worker switch: w1 stays as it was started
         fleet = FleetConfig.model_validate(

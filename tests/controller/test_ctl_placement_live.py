@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator
 
 import httpx
 import pytest
@@ -27,8 +26,7 @@ from fleet.plan import FleetPlan, PoolPlan, publish_plan, read_plans
 from fleet.store.protocol import UsageRecord
 from fleet.store.redis import RedisStore
 from tests.gateway.harness import RunningGateway, eventually, make_fleet, make_tenants, serve_gateway
-from workers.sim.server import SimServer
-from workers.sim.settings import SimWorkerSettings
+from tests.sims import sim_servers
 
 from .ctl_helpers import CONTROL_TOKEN
 
@@ -38,21 +36,6 @@ TTL_S = 2.0
 POOLS = {"w0": ("fast", 6), "w1": ("fast", 6), "w2": ("bulk", 1)}
 """Worker → (its pool, the pool's k) in the published plan."""
 BODY = {"model": MODEL, "prompt": "hello", "max_tokens": 12, "ignore_eos": True}
-
-
-@contextlib.asynccontextmanager
-async def sim_workers(n: int) -> AsyncIterator[list[SimServer]]:
-    servers = [
-        SimServer(SimWorkerSettings(worker_id=f"w{i}", port=0, speedup=50.0, control_token=CONTROL_TOKEN, seed=i))
-        for i in range(n)
-    ]
-    for s in servers:
-        await s.start()
-    try:
-        yield servers
-    finally:
-        for s in servers:
-            await s.stop()
 
 
 async def burst(gateways: list[RunningGateway], tenant: str, n: int) -> None:
@@ -85,7 +68,11 @@ async def test_gateways_follow_the_published_plan_then_fall_back_to_load_when_it
     clock = SystemClock()
     tenants = make_tenants(beta={"workload": "maths"})
     stop = asyncio.Event()
-    async with sim_workers(3) as sims, httpx.AsyncClient() as http, contextlib.AsyncExitStack() as stack:
+    async with (
+        sim_servers(3, speedup=50.0, control_token=CONTROL_TOKEN) as sims,
+        httpx.AsyncClient() as http,
+        contextlib.AsyncExitStack() as stack,
+    ):
         fleet = make_fleet([s.url for s in sims])
         plan = FleetPlan(
             model=MODEL, version=100, issued_at=clock.wall(), ttl_s=30.0, reason="a previous leader's",

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import io
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+import aiohttp
 import httpx
 import orjson
 from aiohttp import web
@@ -21,7 +24,10 @@ from fleet.config import FleetConfig, TenantsConfig, key_digest
 from fleet.store.memory import MemoryStore
 from fleet.store.protocol import Store
 from gateway.http.serve import GatewayServer
+from gateway.routing.prefix import PrefixIndex
+from gateway.routing.router import Router, default_router
 from gateway.settings import GatewaySettings
+from gateway.upstream.body import BodyRules
 from gateway.wiring import Gateway
 
 
@@ -248,6 +254,18 @@ def make_tenants(**overrides: dict[str, Any]) -> TenantsConfig:
     )
 
 
+def body_rules(**overrides: Any) -> BodyRules:
+    """The settings' body rules with ``overrides`` (``BodyRules`` field names)."""
+    return dataclasses.replace(BodyRules.from_settings(GatewaySettings()), **overrides)
+
+
+def make_router(fleet: FleetConfig, *, prefix: PrefixIndex | None = None, rng: random.Random | None = None,
+                **settings: Any) -> Router:  # fmt: skip
+    """The gateway's router for ``fleet`` without placement, with ``settings`` over the defaults; the TTFT
+    scorer is left out unless ``weight_ttft`` is given (the unit tests place by the other scorers)."""
+    return default_router(GatewaySettings(**{"weight_ttft": 0.0, **settings}), fleet, prefix=prefix, rng=rng)
+
+
 def make_settings(**overrides: Any) -> GatewaySettings:
     defaults: dict[str, Any] = {
         "key_pepper": PEPPER,
@@ -271,13 +289,28 @@ class RunningGateway:
     url: str
     gw: Gateway
     store: Store
+    server: GatewayServer
+    keys: dict[str, str] = field(default_factory=lambda: KEYS)
+    """Tenant → its API key secret (the tenants file's)."""
+    admin_key: str = ADMIN_KEY
+
+    @property
+    def port(self) -> int:
+        assert self.server.port is not None
+        return self.server.port
 
     def client(self, tenant: str | None = "alpha", **kwargs: Any) -> httpx.AsyncClient:
-        headers = {"authorization": f"Bearer {KEYS[tenant]}"} if tenant else {}
+        headers = {"authorization": f"Bearer {self.keys[tenant]}"} if tenant else {}
         return httpx.AsyncClient(base_url=self.url, headers=headers, **{"timeout": 10.0, **kwargs})
 
+    def session(self, tenant: str | None = "alpha") -> aiohttp.ClientSession:
+        """An aiohttp session as ``tenant`` (None: no key)."""
+        headers = {"authorization": f"Bearer {self.keys[tenant]}"} if tenant else {}
+        return aiohttp.ClientSession(self.url, headers=headers, timeout=aiohttp.ClientTimeout(total=30))
+
     def admin(self) -> httpx.AsyncClient:
-        return httpx.AsyncClient(base_url=self.url, headers={"authorization": f"Bearer {ADMIN_KEY}"}, timeout=10.0)
+        headers = {"authorization": f"Bearer {self.admin_key}"}
+        return httpx.AsyncClient(base_url=self.url, headers=headers, timeout=10.0)
 
 
 @contextlib.asynccontextmanager
@@ -288,32 +321,50 @@ async def serve_gateway(
     store: Store | None = None,
     clock: Clock | None = None,
     span_exporter: SpanExporter | None = None,
+    base: dict[str, Any] | None = None,
+    keys: dict[str, str] | None = None,
+    seed: int = 7,
     **settings: Any,
 ) -> AsyncIterator[RunningGateway]:
-    """A real gateway on a free loopback port, served by uvicorn in this event loop."""
+    """The gateway's own server runner (``gateway.http.serve.GatewayServer``: uvicorn, httptools) on a free loopback
+    port, in this event loop. Its settings are ``make_settings``' (or ``base``, with the log level at WARNING)
+    overridden by ``settings``; ``keys`` are the tenants' secrets when not ``KEYS``."""
     clock = clock or SystemClock()
     store = store or MemoryStore(clock=clock)
-    server = GatewayServer(
-        make_settings(**settings),
-        store=store,
-        clock=clock,
-        fleet=fleet,
-        tenants=tenants,
-        rng=random.Random(7),
-        span_exporter=span_exporter,
-        handle_signals=False,
+    config = (
+        make_settings(**settings) if base is None else GatewaySettings(**{**base, "log_level": "WARNING", **settings})
     )
+    server = GatewayServer(
+        config, store=store, clock=clock, fleet=fleet, tenants=tenants, rng=random.Random(seed),
+        span_exporter=span_exporter, handle_signals=False,
+    )  # fmt: skip
     await server.start()
     try:
-        yield RunningGateway(url=server.url, gw=server.gateway, store=store)
+        yield RunningGateway(
+            server.url, server.gateway, store, server, keys or KEYS, config.admin_key.get_secret_value()
+        )
     finally:
-        await server.stop()
+        stopping = asyncio.ensure_future(server.stop())
+        done, _ = await asyncio.wait({stopping}, timeout=15)
+        if not done:
+            raise AssertionError(f"the gateway did not stop within 15 s; its tasks:\n{_task_stacks()}")
+        stopping.result()
 
 
-async def eventually(check: Callable[[], Awaitable[bool]], *, timeout_s: float = 5.0, every_s: float = 0.02) -> None:
-    """Poll ``check`` until it is true; fail after ``timeout_s`` seconds."""
+def _task_stacks() -> str:
+    out = io.StringIO()
+    for task in asyncio.all_tasks():
+        task.print_stack(limit=8, file=out)
+    return out.getvalue()
+
+
+async def eventually(
+    check: Callable[[], Awaitable[bool] | bool], *, timeout_s: float = 5.0, every_s: float = 0.02
+) -> None:
+    """Poll ``check`` (a predicate or a coroutine function) until it is true; fail after ``timeout_s`` seconds."""
     for _ in range(int(timeout_s / every_s) + 1):
-        if await check():
+        got = check()
+        if got if isinstance(got, bool) else await got:
             return
         await asyncio.sleep(every_s)
     raise AssertionError(f"condition not met within {timeout_s} s")

@@ -13,12 +13,14 @@ import pytest
 from fleet.config import TierConfig
 from gateway.errors import InvalidRequest, UpstreamFailed
 from gateway.intake.brownout import cap_max_tokens
-from gateway.upstream.body import BodyRules, parse_completion
+from gateway.upstream.body import parse_completion
 from gateway.upstream.responses import ResponsesStreamMeter, error_event, parse_responses
 from gateway.upstream.sse import Usage
 from gateway.usage.metrics import GatewayMetrics
 
-RULES = BodyRules(chars_per_token=4, tokens_per_message=4, tokens_per_image=700, default_max_tokens=64)
+from .harness import body_rules
+
+RULES = body_rules(chars_per_token=4, tokens_per_message=4, tokens_per_image=700, default_max_tokens=64)
 TOOLS = [
     {
         "type": "function",

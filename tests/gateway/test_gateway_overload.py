@@ -13,19 +13,21 @@ from pydantic import ValidationError
 from fleet.clock import ManualClock
 from fleet.config import TierConfig
 from fleet.perf import load_profile
+from fleet.plan import PoolPlan
 from fleet.store.memory import MemoryStore
 from fleet.store.protocol import WorkerState
 from gateway.errors import FleetOverloaded, Shed
 from gateway.intake.brownout import Brownout, cap_max_tokens
 from gateway.intake.fairqueue import Entry, FairQueue
-from gateway.intake.overload import OverloadGate, free_slots
+from gateway.intake.overload import Claim, OverloadGate, free_slots
+from gateway.routing.context import RouteContext
 from gateway.routing.pool import WorkerPool, WorkerView
-from gateway.routing.router import RouteContext, TtftScorer, prefill_rates, profile_prefill_rate
+from gateway.routing.scorers.ttft import TtftScorer, prefill_rates, profile_prefill_rate
 from gateway.settings import GatewaySettings
 from gateway.upstream.body import parse_completion
 from gateway.usage.metrics import GatewayMetrics
 
-from .harness import MODEL, make_fleet
+from .harness import MODEL, body_rules, make_fleet
 
 INTERACTIVE = TierConfig(priority=0, ttft_target_s=5.0)
 STANDARD = TierConfig(priority=5)
@@ -113,7 +115,7 @@ async def enter(
     gate: OverloadGate, worker: WorkerView, tier: TierConfig, tenant: str = "t", tokens: int = 100
 ) -> float | None:
     name = {0: "interactive", 5: "standard", 10: "batch"}[tier.priority]
-    return await gate.enter(model=MODEL, ranked=[worker], tenant=tenant, tier_name=name, tier=tier, tokens=tokens)
+    return await gate.enter(Claim(MODEL, tenant, name, tier, tokens), [worker])
 
 
 def test_headroom_counts_load_prefill_and_kv() -> None:
@@ -273,6 +275,32 @@ async def test_a_waiter_dispatched_then_cancelled_returns_its_dispatch() -> None
     assert await enter(gate, w, INTERACTIVE) is None  # the one free slot is free again
 
 
+async def test_a_queued_request_waits_for_its_own_candidates_not_any_worker_of_the_model() -> None:
+    """Hardening defect 3: a batch request whose pool is at its plan cap is not released because an interactive
+    worker of the same model has room (it would then be routed to the full batch worker, holding the
+    interactive pool's headroom meanwhile); an interactive arrival still goes at once."""
+    clock, metrics, s = ManualClock(), GatewayMetrics(), GatewaySettings()
+    fleet = make_fleet(["http://127.0.0.1:9", "http://127.0.0.1:10"])
+    pool = WorkerPool(fleet=fleet, store=MemoryStore(clock=clock), clock=clock, settings=s, metrics=metrics)
+    gate = OverloadGate(pool, settings=s, metrics=metrics, clock=clock)
+    interactive, batch = pool.views["w0"], pool.views["w1"]
+    batch.pool = PoolPlan(name="bulk", classes=["batch/*"], workers=["w1"], max_concurrency=1)
+    batch.in_flight = 1  # the batch pool is at its cap; the interactive worker is idle
+    queued = asyncio.create_task(enter(gate, batch, BATCH))
+    await asyncio.sleep(0)
+    assert gate.depth(MODEL) == 1
+    gate.poke(MODEL)
+    await gate.tick()
+    await asyncio.sleep(0)
+    assert not queued.done(), "released against the interactive worker's headroom"
+    assert await asyncio.wait_for(enter(gate, interactive, INTERACTIVE), 1.0) is not None  # its own room: at once
+    assert not queued.done()
+    batch.in_flight = 0  # the batch worker's call ended
+    gate.poke(MODEL)
+    assert await asyncio.wait_for(queued, 1.0) is not None
+    assert gate.depth(MODEL) == 0
+
+
 # ----------------------------------------------------------------------------------------------- brownout
 def test_automatic_brownout_needs_sustained_overload_and_recovers() -> None:
     b = Brownout(mode="auto", after_s=10.0, recover_s=30.0)
@@ -299,7 +327,7 @@ def test_automatic_brownout_needs_sustained_overload_and_recovers() -> None:
 def test_brownout_caps_max_tokens_and_the_reservation() -> None:
     tier = TierConfig(brownout_max_tokens=64)
     raw = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1000, "n": 2}'
-    req = parse_completion(raw, prompt_field="messages")
+    req = parse_completion(raw, prompt_field="messages", rules=body_rules())
     reserved = req.reserved_tokens
     assert cap_max_tokens(req, tier, default_max_tokens=4096)
     assert req.body["max_tokens"] == req.max_tokens == 64
@@ -345,5 +373,5 @@ def test_prefill_rates_come_from_the_profile_unless_overridden() -> None:
     assert 1_000 < rates["w0"] < 100_000  # Kimi K3 on 16 B300: about 14 000 prompt tokens per second
     assert prefill_rates(fleet, override=500.0) == {"w0": 500.0}
     with pytest.raises(ValueError, match="positive"):
-        TtftScorer(rates={"w0": 0.0})
+        TtftScorer(rates={"w0": 0.0}, reference_s=2.0)
     assert rates["w0"] == pytest.approx(profile_prefill_rate(load_profile("kimi-k3-dspark-tp16")))

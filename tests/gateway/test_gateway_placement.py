@@ -14,9 +14,9 @@ from fleet.store.memory import MemoryStore
 from fleet.store.protocol import WorkerState
 from gateway.errors import InvalidRequest
 from gateway.intake.overload import free_slots
-from gateway.routing.placement import PlacementFilter, placement_filter, predicted_tpot_s, request_workload
+from gateway.routing.context import RouteContext
+from gateway.routing.filters.placement import PlacementFilter, placement_filter, predicted_tpot_s, request_workload
 from gateway.routing.pool import WorkerView
-from gateway.routing.router import RouteContext
 from gateway.usage.metrics import GatewayMetrics
 
 from .harness import MODEL, StartUpstreams, eventually, make_fleet, make_tenants, serve_gateway

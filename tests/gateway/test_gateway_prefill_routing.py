@@ -9,11 +9,11 @@ import random
 import pytest
 
 from fleet.config import SpeculationPreference, TierConfig
+from gateway.routing.context import RouteContext
 from gateway.routing.pool import WorkerView
-from gateway.routing.router import DEFAULT_PREFILL_TOKENS_PER_SLOT, QueueScorer, RouteContext, default_router
-from gateway.settings import GatewaySettings
+from gateway.routing.scorers.queue import QueueScorer
 
-from .harness import MODEL, Mode, StartUpstreams, eventually, make_fleet, make_tenants, serve_gateway
+from .harness import MODEL, Mode, StartUpstreams, eventually, make_fleet, make_router, make_tenants, serve_gateway
 
 INTERACTIVE = TierConfig(priority=0, tpot_target_s=0.05, speculation=SpeculationPreference.SPEED)
 CTX = RouteContext(model=MODEL, tier=INTERACTIVE, now=1000.0)
@@ -26,8 +26,8 @@ def two_workers() -> tuple[WorkerView, WorkerView]:
 
 
 async def test_a_new_request_avoids_the_worker_prefilling_a_huge_prompt() -> None:
-    router = default_router(weight_queue=1.0, weight_kv=0.5, weight_speculation=2.0, rng=random.Random(1))
     busy, idle = two_workers()
+    router = make_router(make_fleet([busy.config.url, idle.config.url]), rng=random.Random(1))
     busy.in_flight, idle.in_flight = 1, 2  # by request count alone `busy` is the less loaded one
     busy.prefill_tokens, idle.prefill_tokens = 150_000, 3_000
     decision = await router.route(CTX, [busy, idle])
@@ -49,10 +49,6 @@ async def test_queue_score_counts_prompt_tokens_per_slot() -> None:
 def test_the_queue_scorer_rejects_a_bad_budget() -> None:
     with pytest.raises(ValueError, match="prefill_tokens_per_slot"):
         QueueScorer(prefill_tokens_per_slot=0)
-
-
-def test_settings_default_matches_the_router_default() -> None:
-    assert GatewaySettings().prefill_tokens_per_slot == DEFAULT_PREFILL_TOKENS_PER_SLOT
 
 
 async def test_the_live_gateway_counts_a_pending_prompt_as_prefill_until_the_first_byte(

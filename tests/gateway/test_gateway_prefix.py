@@ -14,15 +14,22 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fleet.config import FleetConfig, PricingConfig, SpeculationPreference, TierConfig, WorkerConfig
 from fleet.store.protocol import WorkerState
+from gateway.routing.context import RouteContext
 from gateway.routing.pool import WorkerView
-from gateway.routing.prefix import PrefixIndex, PrefixScorer, block_hashes, prompt_text, request_blocks
-from gateway.routing.router import RouteContext, default_router
+from gateway.routing.prefix import PrefixIndex, block_hashes, prompt_text, request_blocks
+from gateway.routing.scorers.prefix import PrefixScorer
+from gateway.settings import GatewaySettings
 from gateway.upstream.sse import StreamMeter, usage_of
 from gateway.usage.metering import request_cost
+from tests.sims import sim_servers
 from workers.sim.server import SimServer
-from workers.sim.settings import SimWorkerSettings
 
-from .harness import MODEL, make_fleet, make_tenants, serve_gateway
+from .harness import MODEL, make_fleet, make_router, make_tenants, serve_gateway
+
+S = GatewaySettings()
+BLOCKS = {"block_chars": S.prefix_block_chars, "max_blocks": S.prefix_max_blocks}
+"""The settings' block size and count."""
+PER_SLOT = S.prefill_tokens_per_slot
 
 TIER = TierConfig(speculation=SpeculationPreference.NEUTRAL)
 SYSTEM = "You are a careful coding agent; read before you write. " * 40
@@ -36,7 +43,7 @@ def _chat(*turns: str) -> dict[str, Any]:
 
 
 def _blocks(body: dict[str, Any], **kw: int) -> tuple[int, ...]:
-    return block_hashes(prompt_text(body, chat="messages" in body), **kw)
+    return block_hashes(prompt_text(body, chat="messages" in body), **{**BLOCKS, **kw})
 
 
 # ------------------------------------------------------------------------------------------ hash chain
@@ -64,7 +71,9 @@ def test_tools_and_tool_calls_are_part_of_the_prefix_and_a_batch_of_prompts_has_
     assert '"name":"run"' in prompt_text({"messages": [call]}, chat=True)
     assert prompt_text({"prompt": ["a" * 600, "b" * 600]}, chat=False) == ""
     text = "word " * 300
-    assert request_blocks({"prompt": text}, chat=False, block_chars=512, max_blocks=8) == block_hashes(text)
+    assert request_blocks({"prompt": text}, chat=False, block_chars=512, max_blocks=8) == block_hashes(
+        text, block_chars=512, max_blocks=8
+    )
 
 
 # --------------------------------------------------------------------------------------------- index
@@ -103,7 +112,7 @@ async def test_the_scorer_follows_the_prefix_while_the_worker_is_within_the_load
     index = PrefixIndex(ttl_s=60.0, capacity=1000)
     blocks = (11, 12, 13, 14)
     index.record(blocks[:3], "w0", now=0.0)
-    scorer = PrefixScorer(index, load_factor=2.0)
+    scorer = PrefixScorer(index, load_factor=2.0, prefill_tokens_per_slot=PER_SLOT)
     ctx = RouteContext(model=MODEL, tier=TIER, now=1.0, prefix_blocks=blocks)
     assert await scorer(ctx, _views(0, 0)) == [0.75, 0.0]
     assert await scorer(ctx, _views(4, 1)) == [0.75, 0.0]  # 4 ≤ 2 × (1 + 1)
@@ -117,10 +126,8 @@ async def test_the_scorer_follows_the_prefix_while_the_worker_is_within_the_load
 
 async def test_a_hot_prefix_spreads_over_the_workers_instead_of_pinning_one() -> None:
     index = PrefixIndex(ttl_s=60.0, capacity=1000)
-    router = default_router(
-        weight_queue=1.0, weight_kv=0.0, weight_speculation=0.0,
-        prefix=PrefixScorer(index, load_factor=2.0), weight_prefix=2.0,
-    )  # fmt: skip
+    fleet = make_fleet([f"http://127.0.0.1:{9000 + i}" for i in range(3)])
+    router = make_router(fleet, weight_kv=0.0, weight_speculation=0.0, prefix=index, prefix_load_factor=2.0)
     views = _views(0, 0, 0)
     hot = (1, 2, 3, 4)
     for _ in range(30):  # 30 concurrent requests sharing one prefix, none finishing
@@ -131,10 +138,7 @@ async def test_a_hot_prefix_spreads_over_the_workers_instead_of_pinning_one() ->
     loads = sorted(v.in_flight for v in views)
     assert loads[-1] <= 2 * (loads[0] + 1)
     free_index = PrefixIndex(ttl_s=60.0, capacity=1000)
-    unbounded = default_router(
-        weight_queue=1.0, weight_kv=0.0, weight_speculation=0.0,
-        prefix=PrefixScorer(free_index, load_factor=1e9), weight_prefix=2.0,
-    )  # fmt: skip
+    unbounded = make_router(fleet, weight_kv=0.0, weight_speculation=0.0, prefix=free_index, prefix_load_factor=1e9)
     views = _views(0, 0, 0)
     for _ in range(30):
         ctx = RouteContext(model=MODEL, tier=TIER, now=1.0, prefix_blocks=hot)
@@ -184,16 +188,8 @@ def test_cached_prompt_tokens_are_priced_at_the_discount() -> None:
 # ---------------------------------------------------------------------------------------- live gateway
 @pytest.fixture
 async def sims() -> AsyncIterator[list[SimServer]]:
-    servers = [
-        SimServer(SimWorkerSettings(worker_id=f"w{i}", port=0, model=MODEL, speedup=500.0, seed=i)) for i in range(2)
-    ]
-    for s in servers:
-        await s.start()
-    try:
+    async with sim_servers(2, model=MODEL, speedup=500.0) as servers:
         yield servers
-    finally:
-        for s in servers:
-            await s.stop()
 
 
 def _hits(text: str) -> float:

@@ -48,4 +48,4 @@ def test_the_instructions_are_part_of_the_prefix_and_a_body_without_input_has_no
     assert _blocks(body), "the instructions fill blocks"
     assert set(_blocks(other)).isdisjoint(_blocks(body))
     assert prompt_text({"model": MODEL, "instructions": INSTRUCTIONS}, chat=True) == ""
-    assert block_hashes(prompt_text({"model": MODEL, "input": 7}, chat=True)) == ()
+    assert block_hashes(prompt_text({"model": MODEL, "input": 7}, chat=True), block_chars=512, max_blocks=8) == ()

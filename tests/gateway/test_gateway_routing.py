@@ -9,16 +9,20 @@ import pytest
 
 from fleet.config import SpeculationPreference, TierConfig
 from fleet.store.protocol import WorkerState
+from gateway.routing.context import RouteContext
 from gateway.routing.pool import WorkerView
-from gateway.routing.router import (
-    KvCacheScorer,
-    QueueScorer,
-    RouteContext,
-    SpeculationScorer,
-    default_router,
-)
+from gateway.routing.scorers.kv_cache import KvCacheScorer
+from gateway.routing.scorers.queue import QueueScorer
+from gateway.routing.scorers.speculation import SpeculationScorer
+from gateway.settings import GatewaySettings
 
-from .harness import MODEL, StartUpstreams, eventually, make_fleet, make_tenants, serve_gateway
+from .harness import MODEL, StartUpstreams, eventually, make_fleet, make_router, make_tenants, serve_gateway
+
+PER_SLOT = GatewaySettings().prefill_tokens_per_slot
+FLEET = make_fleet([f"http://127.0.0.1:{9000 + i}" for i in range(8)])
+"""Room for the workers of ``views`` (the router's TTFT rates are per worker id)."""
+QUEUE = QueueScorer(prefill_tokens_per_slot=PER_SLOT)
+SPECULATION = SpeculationScorer(prefill_tokens_per_slot=PER_SLOT)
 
 FAST = {"k_desired": 8, "k_applied": 8, "accepted_length": 5.0, "tpot_predicted_s": 0.012, "running": 2,
         "kv_usage": 0.1, "usd_per_mtok": 2.0}  # fmt: skip
@@ -46,14 +50,14 @@ def ctx(tier: TierConfig) -> RouteContext:
 async def test_queue_scorer_is_batch_slots_over_slots_plus_load() -> None:
     fast, bulk = views(FAST, BULK)
     bulk.in_flight = 60  # our own count beats a stale published one
-    assert await QueueScorer()(ctx(BATCH), [fast, bulk]) == pytest.approx([64 / (64 + 2), 64 / (64 + 60)])
+    assert await QUEUE(ctx(BATCH), [fast, bulk]) == pytest.approx([64 / (64 + 2), 64 / (64 + 60)])
 
 
 async def test_queue_scorer_still_ranks_workers_past_a_full_batch() -> None:
     """Far past a full batch (a burst of long prompts) one more request still lowers the score."""
     a, b = views(None, None)
     a.in_flight, b.in_flight = 640, 641
-    a_score, b_score = await QueueScorer()(ctx(BATCH), [a, b])
+    a_score, b_score = await QUEUE(ctx(BATCH), [a, b])
     assert a_score > b_score > 0
 
 
@@ -63,36 +67,36 @@ async def test_kv_scorer() -> None:
 
 async def test_speculation_scorer_by_preference() -> None:
     ws = views(FAST, BULK, None)
-    speed = await SpeculationScorer()(ctx(INTERACTIVE), ws)
+    speed = await SPECULATION(ctx(INTERACTIVE), ws)
     assert speed == pytest.approx([1.0, 0.012 / 0.04, 0.5])
-    assert await SpeculationScorer()(ctx(BATCH), ws[:2]) == pytest.approx([0.8 / 2.0, 1.0])
+    assert await SPECULATION(ctx(BATCH), ws[:2]) == pytest.approx([0.8 / 2.0, 1.0])
     no_cost = views({**FAST, "usd_per_mtok": None}, {**BULK, "usd_per_mtok": None})
-    assert await SpeculationScorer()(ctx(BATCH), no_cost) == pytest.approx([0.0, 1 - 2 / 8])
+    assert await SPECULATION(ctx(BATCH), no_cost) == pytest.approx([0.0, 1 - 2 / 8])
     neutral = TierConfig(speculation=SpeculationPreference.NEUTRAL)
-    assert await SpeculationScorer()(ctx(neutral), ws) == [0.5, 0.5, 0.5]
+    assert await SPECULATION(ctx(neutral), ws) == [0.5, 0.5, 0.5]
     flagged = views(FAST, {**BULK, "overloaded": True})
-    assert await SpeculationScorer()(ctx(neutral), flagged) == [0.5, 0.5], "no preference: load alone places it"
+    assert await SPECULATION(ctx(neutral), flagged) == [0.5, 0.5], "no preference: load alone places it"
 
 
 async def test_speed_score_falls_with_the_load_routed_since_the_publish() -> None:
     """A burst lands within one tick: the worker sent more than its published load loses its speed edge."""
     fast, other = views(FAST, {**FAST, "tpot_predicted_s": 0.015})
-    before = await SpeculationScorer()(ctx(INTERACTIVE), [fast, other])
+    before = await SPECULATION(ctx(INTERACTIVE), [fast, other])
     assert before[0] > before[1]
     fast.in_flight, fast.prefill_tokens = 6, 2048  # published running 2: 4 requests and 2 slots of prefill since
-    after = await SpeculationScorer()(ctx(INTERACTIVE), [fast, other])
+    after = await SPECULATION(ctx(INTERACTIVE), [fast, other])
     assert after == pytest.approx([(1 + 2) / (1 + 6 + 2), before[1]])
     assert after[0] < after[1]
 
 
 async def test_speed_score_is_penalised_past_the_tpot_target_and_zero_when_overloaded() -> None:
     slow = {**BULK, "tpot_predicted_s": 0.1}
-    scores = await SpeculationScorer()(ctx(INTERACTIVE), views(FAST, slow, {**FAST, "overloaded": True}))
+    scores = await SPECULATION(ctx(INTERACTIVE), views(FAST, slow, {**FAST, "overloaded": True}))
     assert scores == pytest.approx([1.0, (0.012 / 0.1) * (0.05 / 0.1), 0.0])
 
 
 async def test_router_filters_and_ranks() -> None:
-    router = default_router(weight_queue=1.0, weight_kv=0.5, weight_speculation=2.0, rng=random.Random(1))
+    router = make_router(FLEET, rng=random.Random(1))
     fast, bulk, down, ejected, other = views(FAST, BULK, FAST, FAST, FAST)
     down.healthy = False
     ejected.ejected_until = 2000.0
@@ -105,7 +109,7 @@ async def test_router_filters_and_ranks() -> None:
 
 
 async def test_without_published_state_routes_to_the_least_loaded() -> None:
-    router = default_router(weight_queue=1.0, weight_kv=0.5, weight_speculation=2.0)
+    router = make_router(FLEET)
     a, b = views(None, None)
     a.in_flight = 3
     for tier in (INTERACTIVE, BATCH):

@@ -27,14 +27,14 @@ from gateway.errors import (
 from gateway.intake.admission import Admitter, reason_of
 from gateway.intake.auth import KeyRing
 from gateway.routing.pool import WorkerPool, WorkerView
-from gateway.upstream.body import BodyRules, parse_completion
+from gateway.upstream.body import parse_completion
 from gateway.upstream.client import Hold
 from gateway.upstream.relay import DisconnectGuard
 from gateway.upstream.sse import StreamMeter
 from gateway.usage.metering import LedgerWriter, request_cost
 from gateway.usage.metrics import GatewayMetrics
 
-from .harness import KEYS, MODEL, PEPPER, make_fleet, make_settings, make_tenants
+from .harness import KEYS, MODEL, PEPPER, body_rules, make_fleet, make_settings, make_tenants
 
 
 # ------------------------------------------------------------------------------------------------- body
@@ -43,7 +43,7 @@ def test_upstream_body_changes_only_stream_options_and_priority() -> None:
         {"model": MODEL, "messages": [{"role": "user", "content": "abcd" * 10}], "stream": True, "max_tokens": 9,
          "stream_options": {"continuous_usage_stats": True}, "priority": -5, "vendor": {"a": 1}}
     )  # fmt: skip
-    req = parse_completion(raw, prompt_field="messages", rules=BodyRules(chars_per_token=4, tokens_per_message=4))
+    req = parse_completion(raw, prompt_field="messages", rules=body_rules(chars_per_token=4, tokens_per_message=4))
     assert (req.model, req.stream, req.client_wants_usage, req.max_tokens) == (MODEL, True, False, 9)
     assert (req.prompt_tokens, req.reserved_tokens) == (10 + 4 * 2, 10 + 4 * 2 + 9)
     sent = orjson.loads(req.upstream_body(priority=10))
@@ -55,29 +55,29 @@ def test_upstream_body_changes_only_stream_options_and_priority() -> None:
 
 def test_prompt_estimate_counts_text_parts_and_completion_prompts() -> None:
     chat = {"model": MODEL, "messages": [{"role": "user", "content": [{"type": "text", "text": "x" * 40}]}]}
-    assert parse_completion(orjson.dumps(chat), prompt_field="messages").prompt_chars == 40
-    rules = BodyRules(default_max_tokens=64, chars_per_token=4)
+    assert parse_completion(orjson.dumps(chat), prompt_field="messages", rules=body_rules()).prompt_parts == (40,)
+    rules = body_rules(default_max_tokens=64, chars_per_token=4)
     text = parse_completion(orjson.dumps({"model": MODEL, "prompt": ["ab", "cde"]}), prompt_field="prompt", rules=rules)
-    assert text.prompt_chars == 5
+    assert sum(text.prompt_parts) == 5
     # two prompts, each completed: 1 + 1 prompt tokens and 2 × 64 completion tokens
     assert text.reserved_tokens == 1 + 1 + 2 * 64
     with pytest.raises(InvalidRequest, match="prompt"):
-        parse_completion(orjson.dumps({"model": MODEL}), prompt_field="prompt")
+        parse_completion(orjson.dumps({"model": MODEL}), prompt_field="prompt", rules=body_rules())
     many = {"model": MODEL, "messages": [{"role": "user", "content": "x"}] * 5}
     with pytest.raises(InvalidRequest, match="limit is 4"):
-        parse_completion(orjson.dumps(many), prompt_field="messages", rules=BodyRules(max_messages=4))
+        parse_completion(orjson.dumps(many), prompt_field="messages", rules=body_rules(max_messages=4))
 
 
 def test_every_choice_reserves_its_completion_allowance() -> None:
     body = {"model": MODEL, "messages": [{"role": "user", "content": "abcd"}], "max_tokens": 50}
-    rules = BodyRules(default_max_tokens=1, chars_per_token=4, tokens_per_message=4)
+    rules = body_rules(default_max_tokens=1, chars_per_token=4, tokens_per_message=4)
     for extra, choices in (({}, 1), ({"n": 8}, 8), ({"n": 2, "best_of": 5}, 5)):
         req = parse_completion(orjson.dumps({**body, **extra}), prompt_field="messages", rules=rules)
         assert req.reserved_tokens == 1 + 8 + 50 * choices
     with pytest.raises(InvalidRequest, match="limit is 16"):
-        parse_completion(orjson.dumps({**body, "n": 17}), prompt_field="messages", rules=BodyRules(max_n=16))
+        parse_completion(orjson.dumps({**body, "n": 17}), prompt_field="messages", rules=body_rules(max_n=16))
     with pytest.raises(InvalidRequest, match="'n' must be a positive integer"):
-        parse_completion(orjson.dumps({**body, "n": 0}), prompt_field="messages")
+        parse_completion(orjson.dumps({**body, "n": 0}), prompt_field="messages", rules=body_rules())
 
 
 # -------------------------------------------------------------------------------------------------- SSE
@@ -93,7 +93,7 @@ def _run(meter: StreamMeter, parts: list[bytes]) -> bytes:
     out = b""
     for t, part in enumerate(parts):
         out += meter.feed(part, float(t))
-    return out + meter.flush()
+    return out
 
 
 @given(st.lists(st.integers(min_value=0, max_value=len(STREAM)), max_size=12))

@@ -5,10 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import io
-import random
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -16,14 +13,10 @@ import aiohttp
 import yaml
 
 from bench.soak.client import StreamResult, stream_chat
-from fleet.clock import SystemClock
 from fleet.config import FleetConfig, TenantsConfig, key_digest
-from fleet.store.memory import MemoryStore
 from fleet.store.protocol import Store
 from fleet.store.redis import RedisStore
-from gateway.http.serve import GatewayServer
-from gateway.settings import GatewaySettings
-from gateway.wiring import Gateway
+from tests.gateway.harness import RunningGateway, serve_gateway
 
 PEPPER = "rel-pepper-3f9c"
 ADMIN_KEY = "rel-admin-key-77b1"
@@ -108,65 +101,15 @@ def chat(max_tokens: int = 4, **extra: Any) -> dict[str, Any]:
     return {"model": MODEL, "messages": [{"role": "user", "content": "hello"}], "max_tokens": max_tokens, **extra}
 
 
-@dataclass
-class LiveGateway:
-    url: str
-    gw: Gateway
-    store: Store
-    server: GatewayServer
-
-    @property
-    def port(self) -> int:
-        assert self.server.port is not None
-        return self.server.port
-
-    def session(self, tenant: str | None = "alpha") -> aiohttp.ClientSession:
-        headers = {"authorization": f"Bearer {KEYS[tenant]}"} if tenant else {}
-        return aiohttp.ClientSession(self.url, headers=headers, timeout=aiohttp.ClientTimeout(total=30))
+LiveGateway = RunningGateway
+"""A gateway served in the test's event loop (``tests.gateway.harness.serve_gateway``, the one harness)."""
 
 
-@contextlib.asynccontextmanager
-async def live_gateway(
+def live_gateway(
     fleet: FleetConfig, tenants: TenantsConfig | None = None, *, store: Store | None = None, **settings: Any
-) -> AsyncIterator[LiveGateway]:
-    """The gateway's own server runner (``gateway.serve.GatewayServer``: uvicorn, httptools) on a free loopback
-    port, in this event loop, with ``FAST`` settings overridden by ``settings``."""
-    clock = SystemClock()
-    store = store or MemoryStore(clock=clock)
-    server = GatewayServer(
-        GatewaySettings(**{**FAST, "log_level": "WARNING", **settings}),
-        store=store,
-        clock=clock,
-        fleet=fleet,
-        tenants=tenants or tenants_of(),
-        rng=random.Random(11),
-    )
-    await server.start()
-    try:
-        yield LiveGateway(url=server.url, gw=server.gateway, store=store, server=server)
-    finally:
-        stopping = asyncio.ensure_future(server.stop())
-        done, _ = await asyncio.wait({stopping}, timeout=15)
-        if not done:
-            raise AssertionError(f"the gateway did not stop within 15 s; its tasks:\n{_task_stacks()}")
-        stopping.result()
-
-
-def _task_stacks() -> str:
-    out = io.StringIO()
-    for task in asyncio.all_tasks():
-        task.print_stack(limit=8, file=out)
-    return out.getvalue()
-
-
-async def eventually(check: Callable[[], Awaitable[bool] | bool], *, timeout_s: float = 5.0) -> None:
-    """Poll ``check`` every 20 ms until true; fail after ``timeout_s`` seconds."""
-    for _ in range(int(timeout_s / 0.02) + 1):
-        got = check()
-        if got if isinstance(got, bool) else await got:
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"condition not met within {timeout_s} s")
+) -> contextlib.AbstractAsyncContextManager[RunningGateway]:
+    """``serve_gateway`` with these tests' keys and ``FAST`` settings, overridden by ``settings``."""
+    return serve_gateway(fleet, tenants or tenants_of(), store=store, base=FAST, keys=KEYS, seed=11, **settings)
 
 
 @contextlib.asynccontextmanager

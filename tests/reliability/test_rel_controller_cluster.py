@@ -17,8 +17,8 @@ from redis.asyncio.cluster import RedisCluster
 
 from bench.procs import Proc, start_redis_cluster
 from fleet.store.redis import RedisStore
+from tests.gateway.harness import eventually
 
-from .rel_harness import eventually
 from .rel_types import StartSims
 from .test_rel_controller_faults import CONTROL, TIMING, _controller, _env, _holder, _holder_is, _metric
 

@@ -16,9 +16,10 @@ import pytest
 
 from bench.procs import Proc, free_port, start_controller
 from fleet.store.redis import RedisStore
+from tests.gateway.harness import eventually
 
 from .rel_chaos import ChaosProxy, Mode
-from .rel_harness import eventually, fleet_of, write_env
+from .rel_harness import fleet_of, write_env
 from .rel_types import StartRedis, StartSims
 
 pytestmark = pytest.mark.redis

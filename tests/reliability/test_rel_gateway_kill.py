@@ -17,8 +17,9 @@ from bench.procs import Proc, start_gateway, start_redis
 from bench.soak.client import StreamResult, stream_chat
 from fleet.store.redis import RedisStore
 from gateway.usage.metrics import LEDGER_BACKLOG
+from tests.gateway.harness import eventually
 
-from .rel_harness import KEYS, chat, eventually, fleet_of, tenants_of, write_env
+from .rel_harness import KEYS, chat, fleet_of, tenants_of, write_env
 from .rel_types import StartRedis, StartSims
 
 pytestmark = pytest.mark.redis

@@ -14,8 +14,9 @@ import pytest
 from bench.procs import Proc
 from bench.soak.client import stream_chat
 from bench.soak.probe import established
+from tests.gateway.harness import eventually
 
-from .rel_harness import KEYS, MODEL, LiveGateway, chat, eventually, fleet_of, live_gateway
+from .rel_harness import KEYS, MODEL, LiveGateway, chat, fleet_of, live_gateway
 
 LIMIT = 64 * 1024
 AUTH = {"authorization": f"Bearer {KEYS['alpha']}", "content-type": "application/json"}

@@ -13,8 +13,9 @@ import pytest
 from bench.procs import start_redis
 from bench.soak.client import StreamResult, stream_chat
 from fleet.store.redis import RedisStore
+from tests.gateway.harness import eventually
 
-from .rel_harness import KEYS, chat, eventually, fleet_of, live_gateway, tenants_of
+from .rel_harness import KEYS, chat, fleet_of, live_gateway, tenants_of
 from .rel_types import StartRedis, StartSims
 
 pytestmark = pytest.mark.redis

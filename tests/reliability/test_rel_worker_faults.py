@@ -15,9 +15,10 @@ import pytest
 
 from bench.soak.client import StreamResult, stream_chat
 from fleet.store.protocol import Store, UsageRecord
+from tests.gateway.harness import eventually
 
 from .rel_chaos import ChaosProxy, Mode
-from .rel_harness import KEYS, chat, eventually, fleet_of, live_gateway, tenants_of
+from .rel_harness import KEYS, chat, fleet_of, live_gateway, tenants_of
 from .rel_types import StartSims
 
 

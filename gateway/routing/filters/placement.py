@@ -17,7 +17,7 @@ headers upstream).
 3. else the home workers without room (the overload gate then holds the request until one has a slot, since a
    worker's free slots count its cap), or, with no home worker left at all, the spill candidates without room.
 
-A worker has *room* while its load (``gateway.routing.router.load_of``: the published running + waiting, or this
+A worker has *room* while its load (``gateway.routing.pool.load_of``: the published running + waiting, or this
 gateway's in-flight count when larger) is below its pool's ``max_concurrency``; a pool without a cap always has
 room. A pool's protected target is the tightest ``tpot_target_s`` of the tiers its classes name (None: a batch
 pool). With no plan for the model, a stale plan, or a class no pool serves, every worker is kept: routing is
@@ -35,8 +35,8 @@ from fleet.config import FleetConfig, TenantConfig, TenantsConfig, TierConfig
 from fleet.perf import Profile, predict_step, worker_profiles
 from fleet.plan import FleetPlan, PoolPlan
 from gateway.errors import InvalidRequest
-from gateway.routing.pool import WorkerView
-from gateway.routing.router import RouteContext, load_of
+from gateway.routing.context import RouteContext
+from gateway.routing.pool import WorkerView, load_of
 from gateway.usage.metrics import GatewayMetrics
 
 WORKLOAD_HEADER: Final = b"x-gearshift-workload"
