@@ -10,7 +10,9 @@ window (``bench.policy.run_metrics``). Poisson ``load`` must be resolved to a ra
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from bench.policy.capacity import MixPoint
 from bench.policy.controller_lab import lab_fleet
@@ -22,11 +24,14 @@ from fleet.clock import ManualClock
 from fleet.perf import Profile, load_profile
 from fleet.speculation import Schedule
 from workers.sim.arrivals import ArrivalProcess, Phase, PhasedLoad, RequestKind, WorkloadMix
-from workers.sim.records import RunRecords
-from workers.sim.virtual import TickContext, VirtualLab, VirtualWorker, make_worker
+from workers.sim.records import RequestRecord, RunRecords
+from workers.sim.virtual import RecordSink, TickContext, VirtualLab, VirtualWorker, make_worker
 
 DRAIN_S = 120.0
 """Longest virtual time the lab keeps running after the last phase, to let requests in flight finish."""
+RECENT_REQUESTS_S = 120.0
+"""A streaming run (``run_policy(sink=…)``) keeps the requests that arrived this far back (seconds) for the
+policies' tick hooks (the fleet planner reads the last ``bench.policy.fleet_placement.WINDOW_S``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +151,21 @@ def make_workers(scenario: Scenario, profile: Profile, clock: ManualClock, start
     ]
 
 
+class RunSink(RecordSink, Protocol):
+    """A streaming run's records go here instead of into ``RawRun`` (``bench.replay.stream_metrics``): steps and
+    finished requests as they happen, tick samples, and the in-flight requests' tokens at every boundary."""
+
+    def tick(self, sample: TickSample) -> None: ...
+
+    def mark(self, t_s: float, in_flight: Iterable[RequestRecord]) -> None:
+        """Boundary ``t_s`` reached: ``in_flight`` are the requests arrived and unfinished then."""
+        ...
+
+    def close(self, unfinished: Iterable[RequestRecord]) -> None:
+        """The run ended (drain included); ``unfinished`` never finished."""
+        ...
+
+
 @dataclass
 class _Recorder:
     """The lab's tick hook: lets the policy act, then samples every worker's schedule and queue."""
@@ -154,6 +174,7 @@ class _Recorder:
     raw: RawRun
     last: list[Schedule]
     meter: ControllerCostMeter | None
+    sink: RunSink | None = None
 
     def __call__(self, tick: TickContext) -> None:
         self.policy.on_tick(tick)
@@ -165,7 +186,11 @@ class _Recorder:
                 self.raw.schedule_changes += 1
                 self.last[i] = schedule
             stats = w.stats
-            self.raw.ticks.append(TickSample(tick.now_s, i, max(r[2] for r in schedule), stats.running, stats.waiting))
+            sample = TickSample(tick.now_s, i, max(r[2] for r in schedule), stats.running, stats.waiting)
+            if self.sink is None:
+                self.raw.ticks.append(sample)
+            else:
+                self.sink.tick(sample)
 
 
 def run_policy(
@@ -175,11 +200,13 @@ def run_policy(
     profile: Profile | None = None,
     priced: bool = True,
     load: ArrivalProcess | None = None,
+    sink: RunSink | None = None,
 ) -> RawRun:
     """Run ``policy`` on ``scenario`` (bound to its profile; deterministic for the scenario's seed).
     ``priced=False`` leaves the controller's cost meter out (``model_cost`` stays None; capacity probes).
     ``load`` replaces the scenario's phases as the arrivals (a replayed trace, ``bench.replay``); the phases
-    still bound the measured windows."""
+    still bound the measured windows. ``sink``: stream the records there (the returned run then holds no
+    requests, steps, ticks or marks; the same run either way)."""
     profile = profile or load_profile(scenario.profile)
     arrivals = load or build_load(scenario)
     clock = ManualClock()
@@ -216,21 +243,29 @@ def run_policy(
         clock=clock,
         seed=scenario.seed,
         tick_s=scenario.tick_s,
-        on_tick=_Recorder(policy, raw, [w.control.schedule for w in workers], meter),
+        on_tick=_Recorder(policy, raw, [w.control.schedule for w in workers], meter, sink),
         router=router,
+        record_steps=sink is None,
+        sink=sink,
+        keep_requests_s=RECENT_REQUESTS_S,
     )
     try:
         for t in boundaries(scenario):
             lab.run(t)
-            raw.marks[t] = [r.output_tokens for r in lab.records.requests]
+            if sink is None:
+                raw.marks[t] = [r.output_tokens for r in lab.records.requests]
+            else:
+                sink.mark(t, lab.in_flight)
         drain_until = scenario.duration_s + DRAIN_S
         while any(w.outstanding for w in workers) and lab.now_s < drain_until:
             lab.run(min(lab.now_s + 10.0, drain_until))
+        if sink is not None:
+            sink.close(lab.in_flight)
     finally:
         policy.close()
         router.close()
         if meter is not None:
             meter.close()
-    raw.records = lab.records
+    raw.records = lab.records if sink is None else RunRecords(lab.records.worker_ids)
     raw.model_cost = meter.result() if meter is not None else None
     return raw

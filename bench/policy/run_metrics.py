@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 
 from bench.policy.cost_meter import ModelCost
 from bench.policy.lab import RawRun, TickSample
+from bench.policy.scenario import Scenario
 from fleet.config import TierConfig
 from fleet.perf import Profile, StepShape, load_profile, step_time
 from fleet.stats import percentile
@@ -256,7 +257,7 @@ def phase_metrics(raw: RawRun, good: Sequence[bool | None] | None = None) -> lis
     return out
 
 
-def _extra_verify_s(profile: Profile, decode_seqs: int, k: int, prefill: int) -> float:
+def extra_verify_s(profile: Profile, decode_seqs: int, k: int, prefill: int) -> float:
     """Target time a step spends because it verifies k drafts per sequence (context left out: equal both ways)."""
     with_k = step_time(profile, StepShape(decode_seqs, k, 0, prefill)).target_s
     without = step_time(profile, StepShape(decode_seqs, 0, 0, prefill)).target_s
@@ -271,27 +272,47 @@ def _rejected_fraction(steps: Sequence[StepRecord]) -> dict[tuple[int, int], flo
         if s.k > 0 and s.prefill_tokens == 0 and s.decode_seqs > 0:
             drafted[s.worker, s.k] += s.decode_seqs * s.k
             accepted[s.worker, s.k] += max(s.tokens - s.decode_seqs, 0)
-    return {key: 1.0 - min(accepted[key] / n, 1.0) for key, n in drafted.items() if n > 0}
+    return rejected_fractions(drafted, accepted)
+
+
+def rejected_fractions(
+    drafted: dict[tuple[int, int], int], accepted: dict[tuple[int, int], int]
+) -> dict[tuple[int, int], float]:
+    """(worker, k) → rejected fraction of draft tokens, from the drafted and accepted counts."""
+    return {key: 1.0 - min(accepted.get(key, 0) / n, 1.0) for key, n in drafted.items() if n > 0}
+
+
+def rejected_seconds(extra_s: dict[tuple[int, int], float], rejected_frac: dict[tuple[int, int], float]) -> float:
+    """Seconds spent verifying rejected drafts: per (worker, k), the extra verify seconds of its steps (summed in
+    step order) × that (worker, k)'s rejected fraction, summed in key order (so a streamed run sums the same)."""
+    return sum(total * rejected_frac.get(key, 0.0) for key, total in sorted(extra_s.items()))
 
 
 def cost_split(raw: RawRun, profile: Profile, start: float, end: float) -> tuple[CostSplit, float, float]:
     """(USD/Mtok split, drafter share, rejected-draft share) over the window."""
-    sc = raw.scenario
     steps = [s for s in raw.records.steps if start < s.end_s <= end]
-    usd_per_s = sc.gpus * sc.usd_per_gpu_hour / 3600.0
-    worker_seconds = sc.workers * (end - start)
     busy = sum(s.duration_s for s in steps)
     drafter = sum(s.drafter_s for s in steps)
-    rejected_frac = _rejected_fraction(steps)
     extra: dict[tuple[int, int, int], float] = {}
-    rejected = 0.0
+    extra_s: dict[tuple[int, int], float] = defaultdict(float)
     for s in steps:
         if s.k > 0 and s.decode_seqs > 0:
             shape = (s.decode_seqs, s.k, s.prefill_tokens)
             if shape not in extra:
-                extra[shape] = _extra_verify_s(profile, *shape)
-            rejected += extra[shape] * rejected_frac.get((s.worker, s.k), 0.0)
-    tokens = sum(s.tokens for s in steps)
+                extra[shape] = extra_verify_s(profile, *shape)
+            extra_s[s.worker, s.k] += extra[shape]
+    rejected = rejected_seconds(extra_s, _rejected_fraction(steps))
+    return price_split(
+        raw.scenario, start, end, busy=busy, drafter=drafter, rejected=rejected, tokens=sum(s.tokens for s in steps)
+    )
+
+
+def price_split(
+    sc: Scenario, start: float, end: float, *, busy: float, drafter: float, rejected: float, tokens: int
+) -> tuple[CostSplit, float, float]:
+    """``cost_split`` from the window's busy, drafter and rejected-draft seconds and its output tokens."""
+    usd_per_s = sc.gpus * sc.usd_per_gpu_hour / 3600.0
+    worker_seconds = sc.workers * (end - start)
     per_mtok = usd_per_s * 1e6 / tokens if tokens else math.nan
     split = CostSplit(
         total=worker_seconds * per_mtok,

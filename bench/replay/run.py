@@ -22,6 +22,7 @@ from bench.policy.policies import LAB_POLICIES, LabPolicy, PhaseOracle, StaticSc
 from bench.policy.run_metrics import RunMetrics, delivered_tokens, summarise, verdicts
 from bench.policy.suite import ORACLE, oracle_ks, static_ks, static_name
 from bench.replay.scenario import ReplayPlan
+from bench.replay.stream_metrics import StreamedRun
 from fleet.perf import Profile, load_profile
 from fleet.stats import percentile
 
@@ -85,6 +86,22 @@ def _tier_figures(raw_run: RawRun) -> dict[str, TierLatency]:
     return out
 
 
+def _streamed_tier_figures(sink: StreamedRun) -> dict[str, TierLatency]:
+    window = sink.end - sink.start
+    return {
+        tier: TierLatency(
+            goodput_tok_s=f.delivered_good_tokens / window,
+            finished_tok_s=f.finished_tokens / window,
+            requests=f.requests,
+            ttft_p50_s=percentile(f.ttft_s, 0.5),
+            ttft_p99_s=percentile(f.ttft_s, 0.99),
+            tpot_p50_s=percentile(f.tpot_s, 0.5),
+            tpot_p99_s=percentile(f.tpot_s, 0.99),
+        )
+        for tier, f in sink.tiers().items()
+    }
+
+
 def _k_over_time(metrics: RunMetrics) -> list[tuple[float, float]]:
     by_t: dict[float, list[int]] = {}
     for s in metrics.ticks:
@@ -92,10 +109,19 @@ def _k_over_time(metrics: RunMetrics) -> list[tuple[float, float]]:
     return [(t, sum(ks) / len(ks)) for t, ks in sorted(by_t.items())]
 
 
-def run_one(plan: ReplayPlan, policy: LabPolicy, profile: Profile | None = None) -> PolicyRun:
-    """One policy over the whole trace."""
+def run_one(plan: ReplayPlan, policy: LabPolicy, profile: Profile | None = None, *, streamed: bool = True) -> PolicyRun:
+    """One policy over the whole trace. ``streamed`` (the default) folds the metrics as the run goes
+    (``bench.replay.stream_metrics``: memory bounded by the requests in flight); False keeps every record and
+    computes the same figures from them (``bench.policy.run_metrics``, the definitions)."""
     started = time.perf_counter()
     profile = profile or load_profile(plan.profile_path)
+    if streamed:
+        sink = StreamedRun(plan.scenario, profile)
+        raw = run_policy(plan.scenario, policy, profile=profile, load=plan.load(), priced=False, sink=sink)
+        metrics = sink.metrics(raw)
+        return PolicyRun(
+            policy.name, metrics, _streamed_tier_figures(sink), time.perf_counter() - started, sink.k_over_time
+        )
     raw = run_policy(plan.scenario, policy, profile=profile, load=plan.load(), priced=False)
     metrics = summarise(raw, profile)
     tiers = _tier_figures(raw)
@@ -113,26 +139,28 @@ _PLAN: ReplayPlan | None = None
 """The plan the pool's forked workers replay (set before the pool starts; a trace is too big to pickle per job)."""
 
 
-def _run_forked(policy: LabPolicy) -> PolicyRun:
+def _run_forked(policy: LabPolicy, streamed: bool) -> PolicyRun:
     assert _PLAN is not None
-    return run_one(_PLAN, policy)
+    return run_one(_PLAN, policy, streamed=streamed)
 
 
 Progress = Callable[[str], None]
 
 
-def _run_all(plan: ReplayPlan, policies: Sequence[LabPolicy], processes: int, progress: Progress) -> list[PolicyRun]:
+def _run_all(
+    plan: ReplayPlan, policies: Sequence[LabPolicy], processes: int, progress: Progress, streamed: bool
+) -> list[PolicyRun]:
     global _PLAN
     if processes <= 1 or len(policies) <= 1:
         out = []
         for p in policies:
-            out.append(run_one(plan, p))
+            out.append(run_one(plan, p, streamed=streamed))
             progress(f"{p.name}: {out[-1].wall_s:.1f} s")
         return out
     _PLAN = plan
     try:
         with ProcessPoolExecutor(max_workers=processes) as pool:
-            futures = [pool.submit(_run_forked, p) for p in policies]
+            futures = [pool.submit(_run_forked, p, streamed) for p in policies]
             out = []
             for fut in futures:
                 out.append(fut.result())
@@ -154,15 +182,17 @@ class ReplayResult:
     ``MAX_WORKERS``)."""
 
 
-def replay(plan: ReplayPlan, *, processes: int | None = None, progress: Progress = lambda _: None) -> ReplayResult:
-    """Every policy, then the oracle, on ``plan``."""
+def replay(
+    plan: ReplayPlan, *, processes: int | None = None, progress: Progress = lambda _: None, streamed: bool = True
+) -> ReplayResult:
+    """Every policy, then the oracle, on ``plan`` (``streamed``: as ``run_one``)."""
     started = time.perf_counter()
     processes = processes or min(2, os.cpu_count() or 1)
     profile = load_profile(plan.profile_path)
     ks = static_ks(profile)
-    runs = {r.policy: r for r in _run_all(plan, replay_policies(profile), processes, progress)}
+    runs = {r.policy: r for r in _run_all(plan, replay_policies(profile), processes, progress, streamed)}
     choice = oracle_ks(plan.scenario, [runs[static_name(k)].metrics for k in ks])
-    oracle = run_one(plan, PhaseOracle(ORACLE, choice), profile)
+    oracle = run_one(plan, PhaseOracle(ORACLE, choice), profile, streamed=streamed)
     progress(f"{ORACLE}: {oracle.wall_s:.1f} s")
     runs[ORACLE] = oracle
     return ReplayResult(plan, runs, choice, static_name(ks[-1]), time.perf_counter() - started)

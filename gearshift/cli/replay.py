@@ -136,6 +136,10 @@ def replay_speed(
     day_rate: Annotated[
         float, typer.Option(help="Project a day at this rate (req/s) from the measured speed.")
     ] = 100.0,
+    diurnal: Annotated[bool, typer.Option(help="The trace's rate follows a day's shape (mean --rate).")] = False,
+    in_memory: Annotated[
+        bool, typer.Option(help="Keep every record (the definitions' path) instead of streaming the metrics.")
+    ] = False,
     out: Annotated[Path, typer.Option(help="Directory for replay-speed.md.")] = DEFAULT_OUT,
 ) -> None:
     """How fast the lab replays a synthetic trace: simulated seconds per wall second (reading included), per
@@ -154,11 +158,31 @@ def replay_speed(
     per_policy_day: dict[str, float] = {}
     for name in names:
         console.print(f"replaying {duration:g} s at {rate:g} req/s on {workers} workers under {name} …")
-        r = measure(duration_s=duration, rate_per_s=rate, workers=workers, policy=name)
+        r = measure(
+            duration_s=duration, rate_per_s=rate, workers=workers, policy=name, diurnal=diurnal, streamed=not in_memory
+        )
         day = 86400.0 * (day_rate / rate) / r.ratio
         per_policy_day[name] = day
-        rows.append([name, r.requests, r.simulated_s, r.read_s, r.run_s, r.ratio, day / 60])
-        console.print(f"  {r.ratio:.1f} simulated s per wall s; a day at {day_rate:g} req/s ≈ {day / 60:.0f} min")
+        rows.append(
+            [
+                name,
+                r.requests,
+                r.simulated_s,
+                r.read_s,
+                r.run_s,
+                r.cpu_s,
+                r.ratio,
+                round(r.worker_s_per_wall_s),
+                round(r.worker_s_per_cpu_s),
+                round(r.peak_rss_bytes / 2**20),
+                day / 60,
+            ]
+        )
+        console.print(
+            f"  {r.ratio:.1f} simulated s per wall s ({r.worker_s_per_wall_s:.0f} worker-s per wall s, "
+            f"{r.worker_s_per_cpu_s:.0f} per CPU s), peak RSS {r.peak_rss_bytes / 2**20:.0f} MiB"
+        )
+    end_load = os.getloadavg()
     policies = len(replay_policies(load_profile("kimi-k3-dspark-tp16"))) + 1
     slowest = max(per_policy_day.values())
     command = "gearshift bench " + " ".join(shlex.quote(a) for a in sys.argv[2:])
@@ -166,8 +190,9 @@ def replay_speed(
         [
             "# Replay speed",
             "",
-            f"Command: `{command}` (load average at the start: {load[0]:.1f}, {load[1]:.1f}, {load[2]:.1f} "
-            f"on {os.cpu_count()} cores).",
+            f"Command: `{command}` (load average at the start: {load[0]:.1f}, {load[1]:.1f}, {load[2]:.1f}, at the "
+            f"end: {end_load[0]:.1f}, {end_load[1]:.1f}, {end_load[2]:.1f} on {os.cpu_count()} cores; each policy "
+            f"replays in a fresh process; metrics {'from every kept record' if in_memory else 'streamed'}).",
             "",
             f"A synthetic Poisson trace of {duration:g} s at {rate:g} req/s (half interactive chat, half batch "
             f"maths; prompts 256–768, outputs 32–96 tokens) written to a file, read back and replayed on {workers} "
@@ -180,7 +205,11 @@ def replay_speed(
                     "simulated s",
                     "read s",
                     "replay s",
+                    "CPU s",
                     "sim s / wall s",
+                    "worker-s / wall s",
+                    "worker-s / CPU s",
+                    "peak RSS MiB",
                     f"day at {day_rate:g} req/s, min",
                 ],
                 rows,

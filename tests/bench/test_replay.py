@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -13,10 +14,12 @@ from typer.testing import CliRunner
 from bench.policy.lab import run_policy
 from bench.policy.policies import StaticSchedule
 from bench.replay.acceptance import closest_class, tenant_classes
+from bench.replay.fingerprint import count_fields, differences, fingerprint
 from bench.replay.load import think_times
 from bench.replay.report import verdict, write
 from bench.replay.run import replay, run_one
 from bench.replay.scenario import plan_replay
+from bench.replay.speed import measure, synthetic_trace
 from bench.replay.trace import TraceError, TraceRequest, detect, read_trace, rebase
 from fleet.config import ConfigError
 from fleet.perf import conditional_acceptance, expected_tokens_per_step, load_profile
@@ -244,3 +247,43 @@ def test_the_replay_command_writes_a_report_and_names_a_bad_row(tmp_path: Path) 
     bad = CliRunner().invoke(app, ["bench", "replay", str(trace), "--out", str(out)])
     assert bad.exit_code == 2
     assert f"{trace}:3: output_tokens: not a number" in bad.output.replace("\n", "")
+
+
+@pytest.mark.parametrize("warmup_s", [0.0, 25.0])
+def test_a_streamed_replay_gives_the_in_memory_figures_bit_for_bit(tmp_path: Path, warmup_s: float) -> None:
+    """Every figure of every policy (the oracle included), folded as the run goes, equals the one computed from
+    every kept record: an overloaded fleet (backlog, a drain, requests unfinished at the end), tiers with an SLA,
+    sessions, several phases, and a warm-up that cuts a phase."""
+    profile = load_profile(PROFILE)
+    path = tmp_path / "t.jsonl"
+    synthetic_trace(path, duration_s=90.0, rate_per_s=9.0, seed=3)
+    trace = read_trace(path)
+    turns = [dataclasses.replace(r, session=f"s{i % 5}") if i % 4 == 0 else r for i, r in enumerate(trace.requests)]
+    trace = dataclasses.replace(trace, requests=tuple(turns))
+    plan = plan_replay(trace, profile, profile_path=PROFILE, workers=1, phase_s=30.0)
+    plan = dataclasses.replace(plan, scenario=plan.scenario.model_copy(update={"warmup_s": warmup_s}))
+    streamed = fingerprint(replay(plan, processes=1))
+    kept = fingerprint(replay(plan, processes=1, streamed=False))
+    assert count_fields(kept) > 500
+    assert list(differences(kept, streamed)) == []
+    backlog = [run["metrics"]["requests_unfinished"] for run in kept["runs"].values()]
+    assert max(backlog) > 0, "the scenario leaves requests unfinished at the window's end"
+
+
+def test_a_diurnal_trace_is_busiest_at_noon_and_keeps_its_mean_rate(tmp_path: Path) -> None:
+    path = tmp_path / "day.jsonl"
+    n = synthetic_trace(path, duration_s=86_400.0, rate_per_s=0.05, diurnal=True)
+    arrivals = [r.arrival_s for r in read_trace(path).requests]
+    night = sum(1 for t in arrivals if t < 3 * 3600 or t >= 21 * 3600)
+    noon = sum(1 for t in arrivals if 9 * 3600 <= t < 15 * 3600)
+    assert noon > 2 * night
+    assert abs(n / 86_400.0 - 0.05) < 0.05 * 0.1, "the day's mean rate is the one asked for"
+
+
+def test_replay_speed_measures_in_a_fresh_process_and_reports_worker_seconds() -> None:
+    r = measure(duration_s=20.0, rate_per_s=2.0, workers=2, policy="k=2")
+    assert r.requests > 10
+    assert r.simulated_s >= 20.0
+    assert r.peak_rss_bytes > 2**20
+    assert r.cpu_s > 0
+    assert r.worker_s_per_wall_s == pytest.approx(2 * r.ratio)

@@ -25,6 +25,7 @@ Example::
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import itertools
 import random
@@ -162,6 +163,16 @@ class TickContext:
 
 TickHook = Callable[[TickContext], None]
 
+
+class RecordSink(Protocol):
+    """Where a streaming lab sends its records instead of keeping them (``VirtualLab.sink``): every engine step
+    as it ends, every request as it finishes (in the order the lab handles them)."""
+
+    def step(self, record: StepRecord) -> None: ...
+
+    def finished(self, record: RequestRecord) -> None: ...
+
+
 # Event kinds, in the order they are handled at equal times.
 _STEP_END, _CALL, _ARRIVAL, _TICK = 0, 1, 2, 3
 
@@ -187,6 +198,12 @@ class VirtualLab:
     router: Router = field(default_factory=LeastOutstandingRouter)
     record_steps: bool = True
     """Keep a ``StepRecord`` per engine step (``RunRecords.throughput`` and friends need them)."""
+    sink: RecordSink | None = None
+    """Streaming: steps and finished requests go to the sink, and ``records`` keeps no steps and only the
+    requests that arrived within the last ``keep_requests_s`` (memory bounded by the load, not the run)."""
+    keep_requests_s: float = 0.0
+    """With a sink: how far back ``records.requests`` reaches at a tick (seconds of virtual time; a tick hook that
+    reads recent arrivals needs at least its own window)."""
 
     def __post_init__(self) -> None:
         if not self.workers:
@@ -255,9 +272,22 @@ class VirtualLab:
     def _tick(self) -> None:
         if self.tick_s is None or self.on_tick is None:
             raise RuntimeError("tick scheduled without tick_s and on_tick")
+        if self.sink is not None:
+            self._forget_requests_before(self._now - self.keep_requests_s)
         self.on_tick(TickContext(self._now, self.clock, self.workers, self.records))
         self._push(self._now + self.tick_s, _TICK, None)
         self._dirty.update(i for i, w in enumerate(self.workers) if w.offline_until_s)  # one back from a restart
+
+    def _forget_requests_before(self, t_s: float) -> None:
+        requests = self.records.requests
+        cut = bisect.bisect_left(requests, t_s, key=lambda r: r.arrival_s)
+        if cut:
+            del requests[:cut]
+
+    @property
+    def in_flight(self) -> Iterator[RequestRecord]:
+        """The requests that arrived and have not finished, in arrival order."""
+        return iter(self._in_flight.values())
 
     def _arrive(self, arrival: _Arrival) -> None:
         spec = arrival.spec
@@ -315,24 +345,29 @@ class VirtualLab:
             if not record.output_tokens:
                 record.first_token_s = now
             record.output_tokens += n
-        if self.record_steps:
-            self.records.steps.append(
-                StepRecord(
-                    index,
-                    start_s,
-                    out.duration_s,
-                    out.k,
-                    out.decode_seqs,
-                    out.prefill_tokens,
-                    sum(emitted.values()),
-                    out.target_s,
-                    out.drafter_s,
-                )
+        sink = self.sink
+        if self.record_steps or sink is not None:
+            step = StepRecord(
+                index,
+                start_s,
+                out.duration_s,
+                out.k,
+                out.decode_seqs,
+                out.prefill_tokens,
+                sum(emitted.values()),
+                out.target_s,
+                out.drafter_s,
             )
+            if self.record_steps:
+                self.records.steps.append(step)
+            if sink is not None:
+                sink.step(step)
         for rid in out.finished:
             record = in_flight.pop(rid)
             record.finish_s = now
             worker.outstanding -= 1
+            if sink is not None:
+                sink.finished(record)
             if record.stream is not None:
                 self.load.on_stream_done(record.stream, self)
 
