@@ -26,6 +26,7 @@ from gateway.http.openapi import install_openapi
 from gateway.http.ops import router as ops_router
 from gateway.http.tenant import router as tenant_router
 from gateway.http.tenants_admin import router as tenants_admin_router
+from gateway.http.tiers_admin import router as tiers_admin_router
 from gateway.settings import GatewaySettings
 from gateway.usage.metrics import GatewayMetrics
 from gateway.wiring import running_gateway
@@ -77,6 +78,7 @@ def create_app(
     app.include_router(tenant_router)
     app.include_router(admin_router)
     app.include_router(tenants_admin_router)
+    app.include_router(tiers_admin_router)
     app.include_router(ops_router)
     install_error_handlers(app)
     install_openapi(app, example_model=fleet.models[0].name if fleet.models else "model", tiers=tenants.tiers)

@@ -65,6 +65,8 @@ class TenantView(BaseModel):
     """Unix seconds of the stored run-time change, if any."""
     changed_by: str | None
     """The admin key id that made it."""
+    spent_usd: float = 0.0
+    """USD spent against ``budget_usd`` (the tenant's spend counter, which ``budget/reset`` zeroes)."""
 
 
 class TenantList(BaseModel):
@@ -89,7 +91,7 @@ class AuditList(BaseModel):
     data: list[audit.AuditEntry]
 
 
-def _view(gw: Gateway, tenant: TenantConfig) -> TenantView:
+async def _view(gw: Gateway, tenant: TenantConfig) -> TenantView:
     prov = gw.tenant_book.provenance(tenant.id)
     change = prov.change if prov is not None else None
     return TenantView(
@@ -100,6 +102,7 @@ def _view(gw: Gateway, tenant: TenantConfig) -> TenantView:
         superseded=prov is not None and prov.superseded,
         changed_at=change.changed_at if change else None,
         changed_by=change.changed_by if change else None,
+        spent_usd=await gw.store.spent(spend_key(tenant.id)),
     )
 
 
@@ -131,7 +134,7 @@ def _existing(gw: Gateway, tenant_id: str) -> TenantConfig:
 async def list_tenants(_: AdminDep, gw: GatewayDep) -> TenantList:
     """Every tenant in force: the tenants file's, with the run-time changes that apply, and those created at run
     time."""
-    return TenantList(data=[_view(gw, t) for t in gw.tenants.tenants])
+    return TenantList(data=[await _view(gw, t) for t in gw.tenants.tenants])
 
 
 @router.post("/tenants", status_code=201, openapi_extra=_body_schema(create=True))
@@ -144,12 +147,12 @@ async def create_tenant(body: Annotated[dict[str, Any], Body()], who: AdminDep, 
     now = gw.clock.wall()
     await gw.tenant_book.save(tenant.id, tenant, by=who, now=now)
     await audit.record(gw.store, who=who, action="tenant.create", target=tenant.id, now=now, tenant=body)
-    return _view(gw, _existing(gw, tenant.id))
+    return await _view(gw, _existing(gw, tenant.id))
 
 
 @router.get("/tenants/{tenant_id}")
 async def get_tenant(tenant_id: str, _: AdminDep, gw: GatewayDep) -> TenantView:
-    return _view(gw, _existing(gw, tenant_id))
+    return await _view(gw, _existing(gw, tenant_id))
 
 
 @router.patch("/tenants/{tenant_id}", openapi_extra=_body_schema(create=False))
@@ -165,7 +168,7 @@ async def update_tenant(
     now = gw.clock.wall()
     await gw.tenant_book.save(tenant_id, tenant, by=who, now=now)
     await audit.record(gw.store, who=who, action="tenant.update", target=tenant_id, now=now, changes=body)
-    return _view(gw, _existing(gw, tenant_id))
+    return await _view(gw, _existing(gw, tenant_id))
 
 
 @router.delete("/tenants/{tenant_id}")

@@ -7,9 +7,19 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from fleet.config import TenantConfig, TenantsConfig
+from fleet.config import TenantConfig, TenantsConfig, TierConfig
 from fleet.store.protocol import Store
-from fleet.tenants import COLLECTION, Merged, Provenance, TenantChange, entry_digest, merge, parse_changes
+from fleet.tenants import (
+    COLLECTION,
+    Merged,
+    Provenance,
+    TenantChange,
+    TierChange,
+    entry_digest,
+    merge,
+    merge_docs,
+    tier_doc_id,
+)
 
 log = logging.getLogger(__name__)
 
@@ -34,13 +44,16 @@ class TenantBook:
     def provenance(self, tenant_id: str) -> Provenance | None:
         return self.merged.provenance.get(tenant_id)
 
+    def tier_provenance(self, tier: str) -> Provenance | None:
+        return self.merged.tier_provenance.get(tier)
+
     async def refresh(self) -> None:
         """Re-read the stored changes (one tick); a new set in force goes to ``on_change``."""
         docs = await self._store.docs(COLLECTION)
         if docs == self._docs:
             return
         self._docs = docs
-        self.merged = merge(self.file, parse_changes(docs))
+        self.merged = merge_docs(self.file, docs)
         self._on_change(self.merged.tenants)
 
     async def load(self) -> None:
@@ -65,4 +78,12 @@ class TenantBook:
                 changed_by=by,
             )
             await self._store.put_doc(COLLECTION, tenant_id, change.model_dump_json())
+        await self.refresh()
+
+    async def save_tier(self, tier: str, config: TierConfig, *, by: str, now: float) -> None:
+        """Store tier ``tier`` as changed at run time by admin key ``by``, against the file's tier as it is now, and
+        put it in force here."""
+        digest = entry_digest(self.file.tiers.get(tier))
+        change = TierChange(tier_name=tier, tier=config, file_digest=digest, changed_at=now, changed_by=by)
+        await self._store.put_doc(COLLECTION, tier_doc_id(tier), change.model_dump_json())
         await self.refresh()
