@@ -14,6 +14,7 @@ from enum import StrEnum
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, Self, TypeVar
+from urllib.parse import unquote, urlsplit
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
@@ -290,14 +291,33 @@ def _is_loopback(host: str) -> bool:
         return False  # a host name (or "" for every interface)
 
 
+PLACEHOLDERS: frozenset[str] = frozenset({"replace-me", "change-me", "changeme", "secret", "password", ""})
+"""Values that are never a real secret: the placeholders of ``secrets.env.example`` and the like (lower-cased)."""
+
+
+def is_placeholder(value: str) -> bool:
+    return value.strip().lower() in PLACEHOLDERS
+
+
 def refuse_dev_secrets(secrets: Mapping[str, SecretStr], *, exposed: str | None, allowed: bool) -> None:
     """Raise ``ConfigError`` naming each ``GEARSHIFT_*`` variable of ``secrets`` (setting → value) still at its
-    development default, when the process is ``exposed`` (``exposure``'s reason) and ``allowed`` (from
-    ``GEARSHIFT_ALLOW_DEV_SECRETS=1``) is not set."""
-    if exposed is None or allowed:
+    development default or at a placeholder (``PLACEHOLDERS``, such as ``replace-me``), when the process is
+    ``exposed`` (``exposure``'s reason). ``allowed`` (``GEARSHIFT_ALLOW_DEV_SECRETS=1``) lets development defaults
+    pass, never a placeholder."""
+    if exposed is None:
+        return
+    placeholders = [f"GEARSHIFT_{n.upper()}" for n, v in secrets.items() if is_placeholder(v.get_secret_value())]
+    if placeholders:
+        raise ConfigError(
+            f"{', '.join(placeholders)}: a placeholder is refused {exposed}; fill in a secret (for example "
+            "`openssl rand -hex 32`)"
+        )
+    if allowed:
         return
     weak = [
-        f"GEARSHIFT_{name.upper()}" for name, value in secrets.items() if value.get_secret_value() == DEV_SECRETS[name]
+        f"GEARSHIFT_{name.upper()}"
+        for name, value in secrets.items()
+        if value.get_secret_value() == DEV_SECRETS.get(name)
     ]
     if weak:
         raise ConfigError(
@@ -340,6 +360,13 @@ class CommonSettings(BaseSettings):
     allow_dev_secrets: bool = False
     """Let a process outside the embedded default start with a development secret (see ``refuse_dev_secrets``)."""
     log_level: str = "INFO"
+
+    @model_validator(mode="after")
+    def _no_placeholder_redis_password(self) -> Self:
+        password = urlsplit(self.redis_url).password if self.redis_url else None
+        if password is not None and is_placeholder(unquote(password)):
+            raise ConfigError("GEARSHIFT_REDIS_URL: its password is a placeholder; fill in the Redis password")
+        return self
 
     def fleet(self) -> FleetConfig:
         return load_fleet(self.fleet_file)
