@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(redis-server wrk prometheus)
+APT_PACKAGES=(redis-server wrk prometheus chromium)  # chromium: the console's browser test (Playwright)
 
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do

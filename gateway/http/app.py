@@ -20,6 +20,7 @@ from fleet.clock import Clock
 from fleet.config import FleetConfig, TenantsConfig
 from fleet.store.protocol import Store
 from gateway import errors
+from gateway.http import console
 from gateway.http.admin import router as admin_router
 from gateway.http.entry import GatewayApp
 from gateway.http.openapi import install_openapi
@@ -79,6 +80,7 @@ def create_app(
     app.include_router(admin_router)
     app.include_router(tenants_admin_router)
     app.include_router(tiers_admin_router)
+    console.install(app, settings, clock=clock)
     app.include_router(ops_router)
     install_error_handlers(app)
     install_openapi(app, example_model=fleet.models[0].name if fleet.models else "model", tiers=tenants.tiers)
