@@ -39,9 +39,6 @@ class GatewaySettings(CommonSettings):
     max_retries: Annotated[int, Field(ge=0, le=8)] = 2
     """Further workers tried when one fails before its first byte (connect error, 5xx, timeout)."""
     upstream_pool_size: Annotated[int, Field(gt=0)] = 1024
-    upstream_api_key: SecretStr | None = None
-    """Bearer key the gateway sends every worker: vLLM's API key (``VLLM_API_KEY`` or ``--api-key`` on the worker), so
-    that nothing but the gateways can call a worker's ``/v1`` API (deploy/kubernetes/kimi-k3). None sends no key."""
 
     # shared store outages
     store_failure_mode: Literal["open", "closed"] = "open"
@@ -82,12 +79,6 @@ class GatewaySettings(CommonSettings):
     health_interval_s: Seconds = 2.0
     health_timeout_s: Seconds = 1.0
     health_timeouts_down: Annotated[int, Field(gt=0)] = 3
-    ready_without_workers: bool = False
-    """``/readyz`` answers 200 while no worker is ready (its body says so), and requests get 503 with
-    ``Retry-After``: a load balancer keeps the gateway in rotation through a fleet's cold start (an hour on Kimi K3)
-    instead of leaving clients with connection errors. False: ``/readyz`` answers 503 until a worker is healthy."""
-    no_worker_retry_after_s: Seconds = 10.0
-    """``Retry-After`` of a 503 answered because no worker is ready, seconds."""
     """Consecutive timed-out probes that mark a worker down (a refused connection or an error status does at once)."""
     state_refresh_s: Seconds = 0.5
     """How often worker states and ejections are re-read from the store (never per request)."""
@@ -105,12 +96,6 @@ class GatewaySettings(CommonSettings):
 
     # requests
     max_body_bytes: Annotated[int, Field(gt=0)] = 16 * 1024 * 1024
-    """Body cap of every route but the admin API's, checked before the body is parsed: more is answered 413."""
-    max_admin_body_bytes: Annotated[int, Field(gt=0)] = 1024 * 1024
-    """Body cap of the admin API (``/admin/``), checked after the admin key and before the body is parsed."""
-    admin_auth_failures_per_minute: Annotated[int, Field(gt=0)] = 10
-    """Failed admin authentications one client address may make within a minute; then every admin request from it
-    is answered 429 (nothing checked) until the oldest failure is a minute old (``gateway.intake.admin_guard``)."""
     default_max_tokens: Annotated[int, Field(gt=0)] = 4096
     """Tokens reserved against the tenant's TPM when a request does not set ``max_tokens``."""
     chars_per_token: Annotated[float, Field(gt=0)] = 4.0
@@ -208,8 +193,6 @@ class GatewaySettings(CommonSettings):
         """Outside the embedded default (Redis, or a public listen address) the development pepper and admin key
         are refused: anyone could mint the demo keys' digests or call the admin API."""
         secrets = {"key_pepper": self.key_pepper, "admin_key": self.admin_key}
-        if self.upstream_api_key is not None:
-            secrets["upstream_api_key"] = self.upstream_api_key
         exposed = exposure(redis_url=self.redis_url, host=self.host)
         refuse_dev_secrets(secrets, exposed=exposed, allowed=self.allow_dev_secrets)
         if "admin" in self.admin_keys:
