@@ -119,6 +119,12 @@ def prefill_seconds_per_token(profile: Profile) -> float:
     return step_time(profile, StepShape(0, 0, 0, tokens)).total_s / tokens
 
 
+def profile_tpot_s(profile: Profile) -> float:
+    """Modelled seconds per output token of one stream without speculation (the profile's k = 0 step at batch 1):
+    the TPOT a request is weighed with when neither it nor its worker's controller measured one."""
+    return step_time(profile, StepShape(1, 0, 0)).total_s
+
+
 def request_weight(record: UsageRecord, *, prefill_s_per_token: float, fallback_tpot_s: float) -> float:
     """Batch-slot seconds one request held: decode time plus modelled prefill time."""
     tpot = record.tpot_s if record.tpot_s is not None else fallback_tpot_s
@@ -129,10 +135,12 @@ def attribute_to_tenants(
     records: Iterable[UsageRecord],
     worker_usd: Mapping[str, float],
     *,
-    prefill_s_per_token: float,
-    fallback_tpot_s: float = 0.02,
+    prefill_s_per_token: Mapping[str, float],
+    fallback_tpot_s: Mapping[str, float],
 ) -> dict[str, float]:
     """Split each worker's cost (USD over a period) over the tenants whose requests ran on it, by slot time.
+    ``prefill_s_per_token`` and ``fallback_tpot_s`` (seconds) are per worker id, from each worker's own profile
+    (``prefill_seconds_per_token``, ``profile_tpot_s``): a mixed fleet weighs each worker's work its own way.
 
     Records without a worker, or on a worker with no cost figure, are skipped; a worker with no records keeps
     its cost unattributed (it is idle capacity nobody used)."""
@@ -140,7 +148,8 @@ def attribute_to_tenants(
     for rec in records:
         if rec.worker_id is None or rec.worker_id not in worker_usd:
             continue
-        w = request_weight(rec, prefill_s_per_token=prefill_s_per_token, fallback_tpot_s=fallback_tpot_s)
+        wid = rec.worker_id
+        w = request_weight(rec, prefill_s_per_token=prefill_s_per_token[wid], fallback_tpot_s=fallback_tpot_s[wid])
         weights[rec.worker_id][rec.tenant] += w
     out: dict[str, float] = defaultdict(float)
     for worker_id, by_tenant in weights.items():

@@ -1,126 +1,47 @@
-"""The control loop: per worker, every tick, scrape → window → estimator → policy → stabiliser → actuator,
-then cost and publication (DESIGN §5). One leader at a time through the store's lease (HA).
+"""The control loop (DESIGN §5). Every tick, as leader, for every worker concurrently (``controller.tick``):
 
-The loop never dies of a transient error (STYLE 10): each worker's tick is isolated, a failing tick is
-counted and retried after an exponential back-off, and a failing worker is only marked stale.
+    collect → decide → govern → push → report
+
+then the fleet hooks (``controller.fleet_hooks``): drafter-free gear modes → fleet placement → tenant cost
+attribution. One leader at a time through the store's lease (HA); standbys wait.
+
+The loop never dies of a transient error (STYLE 10): each worker's tick and each hook is isolated, a failure is
+counted and retried next tick (the whole pass after an exponential back-off), and a failing worker is only
+marked stale.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
-import operator
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 
-from controller.actuator import ActuationError, Actuator
-from controller.adaptive import cap_decision
+from controller.actuator import Actuator
 from controller.canary import CanaryGate
-from controller.cost import WorkerCost, attribute_to_tenants, prefill_seconds_per_token, worker_cost
-from controller.estimator import Estimate, WorkerEstimator
-from controller.full_speed import gear_schedule
-from controller.gear_mode import GearModes, GearObservation
+from controller.estimator import WorkerEstimator
+from controller.fleet_hooks import CostAttribution, FleetHook, GearModeHook, PlacementHook
+from controller.gear_mode import GearModes
 from controller.metrics import ControllerMetrics
-from controller.placement import FleetPlacement, WorkerSample, obey_pool, worker_gears
-from controller.policy import Decision, decide
+from controller.placement import FleetPlacement
+from controller.runtime import WorkerRuntime, tpot_target, ttft_target
 from controller.settings import ControllerSettings
-from controller.sources import MetricsSource, SourceError
-from controller.stabiliser import Action, ActionKind, StabiliserState, initial_state, stabilise
-from controller.window import Window, WindowBreak, window_between
+from controller.sources import MetricsSource
+from controller.stabiliser import initial_state
+from controller.tick.collect import Collector
+from controller.tick.decide import decide_worker
+from controller.tick.govern import Canary, DrafterFreeHold, Guard, ObeyPool, Proposal, Stabilise, govern
+from controller.tick.push import Pusher
+from controller.tick.report import account, record_action, worker_state
 from fleet.clock import Clock
-from fleet.config import FleetConfig, TenantsConfig, WorkerConfig
-from fleet.perf import Profile, load_profile, predict_step
-from fleet.scrape import COUNTER_FIELDS, WorkerScrape
-from fleet.speculation import (
-    FullSpeed,
-    Schedule,
-    ScheduleError,
-    SpeculationState,
-    SpeculationUpdate,
-    check_full_speed,
-)
-from fleet.store.protocol import Store, UsageRecord, WorkerState
+from fleet.config import FleetConfig, TenantsConfig
+from fleet.perf import Profile, load_profile
+from fleet.store.protocol import Store, WorkerState
 from fleet.tenants import read_merged
 from fleet.worker_mode import Phase
 
+__all__ = ["Controller", "WorkerRuntime", "tpot_target", "ttft_target"]
+
 log = logging.getLogger("gearshift.controller")
-
-
-def tpot_target(model: str, tenants: TenantsConfig) -> float | None:
-    """The tightest TPOT target among the tiers of tenants allowed to use ``model`` (seconds; None: none)."""
-    targets = [
-        tier.tpot_target_s
-        for t in tenants.tenants
-        if t.allows(model) and (tier := tenants.tiers[t.tier]).tpot_target_s is not None
-    ]
-    return min(targets) if targets else None
-
-
-def ttft_target(model: str, tenants: TenantsConfig) -> float | None:
-    """The tightest TTFT target among the tiers of tenants allowed to use ``model`` (seconds; None: none)."""
-    targets = [
-        tier.ttft_target_s
-        for t in tenants.tenants
-        if t.allows(model) and (tier := tenants.tiers[t.tier]).ttft_target_s is not None
-    ]
-    return min(targets) if targets else None
-
-
-@dataclass
-class WorkerRuntime:
-    """The controller's memory of one worker."""
-
-    config: WorkerConfig
-    profile: Profile
-    estimator: WorkerEstimator
-    tpot_target_s: float | None
-    first_seen_s: float
-    ttft_target_s: float | None = None
-    """The tightest TTFT target of the tiers that may use the worker's model, seconds (None: none)."""
-    prev: WorkerScrape | None = None
-    last_ok_s: float | None = None
-    stab: StabiliserState | None = None
-    version: int | None = None
-    k_applied: int | None = None
-    schedule_applied: Schedule | None = None
-    """The worker's applied schedule, as its last GET, PUT or scrape showed it."""
-    lapsed: bool = False
-    """The worker's last GET showed a version without a lease: it fell back to its start-up schedule, so the
-    applied version names a schedule it no longer runs and the next PUT needs a new version."""
-    full_speed: FullSpeed | None = None
-    """What the worker advertises it runs at full speed (``SpeculationState.full_speed``), read with its version
-    on the first GET and again after it restarts; None: every k at every batch size."""
-    max_num_seqs: int | None = None
-    """The worker's largest batch, from its start-up schedule (None until its first GET)."""
-    renew_at_s: float = 0.0
-    rebase: bool = False
-    window: Window | None = None
-    estimate: Estimate | None = None
-    decision: Decision | None = None
-    action: Action | None = None
-    cost: WorkerCost | None = None
-    savings_usd: float = 0.0
-    usd_since_attribution: float = 0.0
-    """The worker's cost since the last tenant attribution, USD (all time, whether or not a window was usable)."""
-    elapsed_s: float = 0.0
-    """Seconds between the last two successful scrapes."""
-    stale_since_s: float | None = None
-    switches: list[tuple[float, int]] = field(default_factory=list)
-    """``(controller time, k)`` for every applied change (for reports and flap checks)."""
-    drafter_loaded: bool = True
-    """Runs with its drafter (``controller.gear_mode``); a drafter-free worker is held at k = 0, never actuated."""
-
-    @property
-    def k_desired(self) -> int | None:
-        return self.stab.k if self.stab else None
-
-
-def _restarted(prev: WorkerScrape, cur: WorkerScrape, version: int | None) -> bool:
-    """The worker restarted between two scrapes: a counter went backwards, or its schedule version did."""
-    if any(getattr(cur, name) < getattr(prev, name) for name in COUNTER_FIELDS):
-        return True
-    return cur.spec_version is not None and version is not None and cur.spec_version < version
 
 
 class Controller:
@@ -141,34 +62,17 @@ class Controller:
         profiles: Mapping[str, Profile] | None = None,
         gear_modes: GearModes | None = None,
     ) -> None:
-        """``gear_modes``: the drafter-free gear's moves (None: every worker keeps the mode it was started in)."""
-        self.settings = settings
-        self.gear_modes = gear_modes
-        self.source = source
-        self.actuator = actuator
-        self.store = store
-        self.clock = clock
+        """``profiles``: profile name → profile, for profiles not to be loaded by name (the lab's). ``gear_modes``:
+        the drafter-free gear's moves (None: every worker keeps the mode it was started in)."""
+        self.settings, self.store, self.clock, self.holder_id = settings, store, clock, holder_id
         self.metrics = metrics or ControllerMetrics()
-        self.holder_id = holder_id
         self.is_leader = False
-        now = clock.monotonic()
-        loaded: dict[str, Profile] = dict(profiles or {})
-        self.workers: dict[str, WorkerRuntime] = {}
-        for w in fleet.workers:
-            model = fleet.model(w.model)
-            assert model is not None  # FleetConfig validates worker models
-            if model.profile not in loaded:
-                loaded[model.profile] = load_profile(model.profile)
-            profile = loaded[model.profile]
-            k_max = min(w.drafter.k_max, profile.drafter.k_max)
-            est = WorkerEstimator(w.id, profile, k_max, settings.estimator)
-            self.workers[w.id] = WorkerRuntime(
-                w, profile, est, tpot_target(w.model, tenants), now, ttft_target_s=ttft_target(w.model, tenants)
-            )
-        self.tenants_file = tenants
-        self.tenants = tenants
-        """The tenants in force: the file merged with the store's run-time changes, re-read every tick."""
-        self._attributed_until = clock.wall()
+        self.tenants_file = self.tenants = tenants
+        """``tenants``: the file merged with the store's run-time changes, re-read every tick."""
+        self.workers = self._runtimes(fleet, profiles or {})
+        self.collector = Collector(source=source, actuator=actuator, metrics=self.metrics)
+        self.pusher = Pusher(actuator=actuator, lease_s=settings.schedule_lease_s, metrics=self.metrics)
+        self.gear_modes = gear_modes
         self.canary = (
             CanaryGate(settings.canary_worker, settings.canary_ticks) if settings.canary_worker is not None else None
         )
@@ -177,44 +81,84 @@ class Controller:
             if settings.placement.enabled
             else None
         )
+        self.attribution = CostAttribution(
+            store=store, clock=clock, tenants=lambda: self.tenants, metrics=self.metrics,
+            interval_s=settings.tenant_interval_s,
+        )  # fmt: skip
+        self.guards: list[Guard] = [Stabilise(settings.stabiliser)]
+        self.hooks: list[FleetHook] = []
+        if self.placement is not None:
+            self.guards.append(ObeyPool(self.placement, settings.stabiliser.min_dwell_s))
+        if self.canary is not None:
+            self.guards.append(Canary(self.canary))
+        self.guards.append(DrafterFreeHold())
+        if gear_modes is not None:
+            self.hooks.append(GearModeHook(gear_modes, self.metrics))
+        if self.placement is not None:
+            self.hooks.append(PlacementHook(self.placement, settings.policy.k_tiers))
+        self.hooks.append(self.attribution)
+
+    def _runtimes(self, fleet: FleetConfig, profiles: Mapping[str, Profile]) -> dict[str, WorkerRuntime]:
+        """Each worker's runtime, with its own model's profile (each profile loaded once)."""
+        loaded, now, out = dict(profiles), self.clock.monotonic(), {}
+        for w in fleet.workers:
+            name = fleet.profile_of(w.id)
+            if name not in loaded:
+                loaded[name] = load_profile(name)
+            profile = loaded[name]
+            est = WorkerEstimator(w.id, profile, min(w.drafter.k_max, profile.drafter.k_max), self.settings.estimator)
+            targets = tpot_target(w.model, self.tenants), ttft_target(w.model, self.tenants)
+            out[w.id] = WorkerRuntime(w, profile, est, targets[0], now, ttft_target_s=targets[1])
+        return out
 
     # ------------------------------------------------------------------------------------------- one tick
     async def tick(self) -> None:
-        """One pass over every worker (concurrently); a worker's failure never stops the others."""
+        """One pass over every worker (concurrently), then the fleet hooks; a failure never stops the others."""
         with self.metrics.tick_duration.time():
             try:
                 await self.refresh_tenants()
             except Exception as exc:  # a store hiccup: the tenants last read stay in force
                 self.metrics.tick_failures.inc()
                 log.warning("reading the run-time tenants failed: %r", exc)
-            results = await asyncio.gather(
-                *(self._tick_worker(rt) for rt in self.workers.values()), return_exceptions=True
-            )
-            if self.gear_modes is not None:
+            runtimes = list(self.workers.values())
+            results = await asyncio.gather(*(self._tick_worker(rt) for rt in runtimes), return_exceptions=True)
+            for hook in self.hooks:
                 try:
-                    await self.gear_modes.tick([self._gear_observation(rt) for rt in self.workers.values()])
-                    self.gear_modes.export(self.metrics)
-                except Exception as exc:  # a store or restart-control hiccup: the moves resume next tick
+                    await hook.tick(runtimes)
+                except Exception as exc:  # the store, the ledger or a restart: the hook runs again next tick
                     self.metrics.tick_failures.inc()
-                    log.warning("drafter-free gear tick failed: %r", exc)
-            if self.placement is not None:
-                try:
-                    await self.placement.tick([self._placement_sample(rt) for rt in self.workers.values()])
-                except Exception as exc:  # the ledger or the store: the plan is made again next period
-                    self.metrics.tick_failures.inc()
-                    log.warning("fleet placement tick failed: %r", exc)
-            if self.clock.wall() - self._attributed_until >= self.settings.tenant_interval_s:
-                try:
-                    await self.attribute_tenants()
-                except Exception as exc:  # the ledger is best effort: retried next interval
-                    self.metrics.tick_failures.inc()
-                    log.warning("tenant cost attribution failed: %r", exc)
-        for rt, res in zip(self.workers.values(), results, strict=True):
+                    log.warning("%s: %r", hook.failure, exc)
+        for rt, res in zip(runtimes, results, strict=True):
             if isinstance(res, BaseException):
                 if not isinstance(res, Exception):
                     raise res
                 self.metrics.tick_failures.inc()
                 log.warning("worker %s: tick failed: %r", rt.config.id, res)
+
+    async def _tick_worker(self, rt: WorkerRuntime) -> None:
+        now = self.clock.monotonic()
+        est = await self.collector.collect(rt, now)
+        drafter = self.gear_modes is None or self.gear_modes.drafter_loaded(rt.config.id)
+        decision = decide_worker(
+            rt, est, config=self.settings.policy, tpot_target_s=self._tpot_target(rt), drafter_loaded=drafter
+        )
+        started = rt.stab is None
+        if rt.stab is None:
+            rt.stab = initial_state(rt.k_applied if rt.k_applied is not None else est.k_max, now)
+        step = govern(self.guards, rt, Proposal(now, est, decision, rt.stab, started, drafter))
+        rt.stab, rt.estimate, rt.decision, rt.action = step.state, est, decision, step.action
+        record_action(rt.config.id, step.action, decision, self.metrics)
+        restarting = self.gear_modes is not None and self.gear_modes.phase(rt.config.id) is Phase.RESTARTING
+        if not self.settings.dry_run and drafter and not restarting:  # also when stale: holding renews the lease
+            await self.pusher.push(rt, now)
+        account(rt, self.metrics)
+        await self.store.publish_worker_state(self.worker_state(rt), ttl_s=self.settings.state_ttl_s)
+
+    def _tpot_target(self, rt: WorkerRuntime) -> float | None:
+        """The worker's TPOT target: its pool's under a plan with several pools, else its model's tiers'."""
+        if self.placement is None:
+            return rt.tpot_target_s
+        return self.placement.tpot_target(rt.config.id, rt.config.model, rt.tpot_target_s)
 
     async def refresh_tenants(self) -> None:
         """Put in force the tenants file merged with the run-time changes in the store (``fleet.tenants``): a tenant
@@ -229,300 +173,14 @@ class Controller:
         if self.placement is not None:
             self.placement.tenants = tenants
 
-    async def _tick_worker(self, rt: WorkerRuntime) -> None:
-        now = self.clock.monotonic()
-        scrape = await self._scrape(rt, now)
-        if scrape is not None and rt.version is None:
-            await self._learn_version(rt)
-        stale = scrape is None
-        if rt.k_applied is not None and rt.estimator.windows == 0:
-            rt.estimator.k_current = rt.k_applied  # before the first window, trust what the worker reports
-        stale_for = now - (rt.last_ok_s if rt.last_ok_s is not None else rt.first_seen_s)
-        est = rt.estimator.estimate(stale=stale, stale_for_s=stale_for if stale else 0.0)
-        drafter = self.gear_modes is None or self.gear_modes.drafter_loaded(rt.config.id)
-        if drafter != rt.drafter_loaded:
-            rt.drafter_loaded, rt.stab = drafter, None  # restarted in the other mode: start from what it runs
-        decision = decide(
-            est,
-            rt.profile,
-            tpot_target_s=self._tpot_target(rt),
-            ttft_target_s=rt.ttft_target_s,
-            config=self.settings.policy,
-            full_speed=rt.full_speed if drafter else None,  # drafter-free: would a k > 0 pay with the drafter?
-            drafter_loaded=drafter,
-        )
-        if est.adaptive:
-            decision = cap_decision(est, decision)  # the engine sizes verification itself: choose its cap
-        if self.canary is not None and rt.decision is not None:
-            self.canary.observe(rt.config.id, rt.window, rt.decision.candidate(rt.window.k) if rt.window else None)
-        if rt.stab is None:
-            rt.stab = initial_state(rt.k_applied if rt.k_applied is not None else est.k_max, now)
-            if self.canary is not None:
-                self.canary.validated.add(rt.stab.k)
-        new_state, action = stabilise(rt.stab, decision, est, now, self.settings.stabiliser)
-        new_state, action = self._follow_plan(rt, new_state, action, decision, est, now)
-        if self.canary is not None and not self.canary.allows(rt.config.id, action):
-            action = Action(
-                rt.stab.k, ActionKind.HOLD, f"canary: k={action.k} not yet validated on {self.canary.canary_id}"
-            )
-        else:
-            rt.stab = new_state
-        if not drafter:
-            rt.stab, action = initial_state(0, now), Action(0, ActionKind.HOLD, "drafter-free: k = 0 (no drafter)")
-        rt.estimate, rt.decision, rt.action = est, decision, action
-        if action.changed:
-            log.info("worker %s: %s → k=%d: %s", rt.config.id, action.kind, action.k, action.reason)
-        self.metrics.decisions.labels(rt.config.id, action.kind.value, decision.risk.value).inc()
-        restarting = self.gear_modes is not None and self.gear_modes.phase(rt.config.id) is Phase.RESTARTING
-        if not self.settings.dry_run and drafter and not restarting:  # also when stale: holding renews the lease
-            await self._actuate(rt, now)
-        self._account(rt)
-        await self._publish(rt)
-
-    # ------------------------------------------------------------------------------------ fleet placement
-    def _tpot_target(self, rt: WorkerRuntime) -> float | None:
-        """The worker's TPOT target: its pool's under a plan with several pools, else its model's tiers'."""
-        if self.placement is None:
-            return rt.tpot_target_s
-        return self.placement.tpot_target(rt.config.id, rt.config.model, rt.tpot_target_s)
-
-    def _follow_plan(
-        self, rt: WorkerRuntime, state: StabiliserState, action: Action, decision: Decision, est: Estimate, now: float
-    ) -> tuple[StabiliserState, Action]:
-        """The stabiliser's step, made to follow the worker's pool gear (``controller.placement.obey_pool``)."""
-        found = self.placement.pool_of(rt.config.id, rt.config.model) if self.placement is not None else None
-        if found is None:
-            return state, action
-        dwell = self.settings.stabiliser.min_dwell_s
-        return obey_pool(state, action, decision, est, found[0], now=now, min_dwell_s=dwell)
-
-    def _placement_sample(self, rt: WorkerRuntime) -> WorkerSample:
-        k_max = min(rt.config.drafter.k_max, rt.profile.drafter.k_max)
-        return WorkerSample(
-            worker_id=rt.config.id,
-            model=rt.config.model,
-            profile=rt.profile,
-            max_num_seqs=rt.max_num_seqs or rt.config.max_num_seqs,
-            gears=worker_gears(self.settings.policy.k_tiers, k_max, rt.full_speed),
-            estimate=rt.estimate,
-        )
-
-    async def _scrape(self, rt: WorkerRuntime, now: float) -> WorkerScrape | None:
-        wid = rt.config.id
-        try:
-            scrape = await self.source.scrape(rt.config)
-        except SourceError as exc:
-            self.metrics.scrape_failures.labels(wid).inc()
-            self.metrics.stale.labels(wid).set(1)
-            was_fresh = rt.stale_since_s is None
-            log.log(logging.WARNING if was_fresh else logging.DEBUG, "%s (worker marked stale)", exc)
-            rt.stale_since_s = rt.stale_since_s if rt.stale_since_s is not None else now
-            rt.window = None
-            return None
-        if rt.stale_since_s is not None:
-            log.info("worker %s: metrics readable again after %.0f s", wid, now - rt.stale_since_s)
-            rt.stale_since_s = None
-        self.metrics.stale.labels(wid).set(0)
-        rt.window = None
-        rt.estimator.adaptive = scrape.adaptive_verification is True
-        rt.elapsed_s = scrape.at_s - rt.prev.at_s if rt.prev is not None else 0.0
-        if rt.prev is not None and not rt.rebase:
-            try:
-                rt.window = window_between(rt.prev, scrape, k=rt.k_applied or 0)
-                rt.estimator.update(rt.window)
-            except WindowBreak as exc:
-                log.debug("worker %s: window skipped: %s", wid, exc)
-        restarted = rt.prev is not None and _restarted(rt.prev, scrape, rt.version)
-        rt.prev, rt.rebase, rt.last_ok_s = scrape, False, now
-        if scrape.spec_k is not None:
-            rt.k_applied = scrape.spec_k
-            rt.schedule_applied = scrape.spec_schedule
-        if restarted:
-            log.info("worker %s restarted: reading its version and full-speed set again", wid)
-            rt.version = None  # _learn_version reads the worker's state (full_speed included) this tick
-        return scrape
-
-    async def _learn_version(self, rt: WorkerRuntime) -> None:
-        try:
-            state = await self.actuator.current(rt.config)
-        except ActuationError as exc:
-            self.metrics.actuation_failures.labels(rt.config.id).inc()
-            log.warning("%s", exc)
-            return
-        self._learn_state(rt, state)
-        full_speed = None if state.full_speed is None else tuple((k, lo, hi) for k, lo, hi in state.full_speed)
-        if full_speed != rt.full_speed:
-            log.info("worker %s: full-speed set %s", rt.config.id, full_speed if full_speed is not None else "all")
-        rt.full_speed = full_speed
-        rt.max_num_seqs = state.fallback_schedule[-1][1] if state.fallback_schedule else None
-
-    @staticmethod
-    def _learn_state(rt: WorkerRuntime, state: SpeculationState) -> None:
-        rt.version = state.version
-        rt.lapsed = state.version > 0 and state.lease_expires_at is None
-        rt.k_applied = max(row[2] for row in state.schedule)
-        rt.schedule_applied = tuple((lo, hi, k) for lo, hi, k in state.schedule)
-
-    def _desired_schedule(self, rt: WorkerRuntime, k: int) -> Schedule | None:
-        """The schedule to PUT for ``k`` on a worker that restricts full speed (None: a plain k)."""
-        if rt.full_speed is None:
-            return None
-        return gear_schedule(k, rt.full_speed, max_num_seqs=rt.max_num_seqs or rt.config.max_num_seqs)
-
-    async def _actuate(self, rt: WorkerRuntime, now: float) -> None:
-        if rt.stab is None or rt.version is None:
-            return
-        schedule = self._desired_schedule(rt, rt.stab.k)
-        change = rt.stab.k != rt.k_applied if schedule is None else schedule != rt.schedule_applied
-        renew = rt.version > 0 and now >= rt.renew_at_s
-        if not change and not renew:
-            return
-        version = rt.version + 1 if change or rt.lapsed else rt.version
-        reason = (rt.action.reason if rt.action is not None else "")[:500]
-        lease = self.settings.schedule_lease_s
-        if schedule is None:
-            update = SpeculationUpdate(k=rt.stab.k, version=version, lease_seconds=lease, reason=reason)
-        else:
-            try:
-                check_full_speed(schedule, rt.full_speed or ())
-            except ScheduleError as exc:  # gear_schedule keeps to the advertised set: a bug if it ever fires
-                self.metrics.actuation_failures.labels(rt.config.id).inc()
-                log.error("worker %s: not sent, outside its full-speed set: %s", rt.config.id, exc)
-                return
-            rows = [list(row) for row in schedule]
-            update = SpeculationUpdate(schedule=rows, version=version, lease_seconds=lease, reason=reason)
-        try:
-            state = await self.actuator.apply(rt.config, update)
-        except ActuationError as exc:
-            self.metrics.actuation_failures.labels(rt.config.id).inc()
-            log.warning("%s", exc)
-            if exc.stale_version:
-                rt.version = None  # learn the worker's version again next tick
-            return
-        self._learn_state(rt, state)
-        rt.renew_at_s = now + self.settings.schedule_lease_s / 2
-        if change:
-            rt.rebase = True  # the next window would straddle the switch
-            rt.switches.append((now, rt.stab.k))  # the gear: a full-speed schedule may hold lower k at other sizes
-
-    def _gear_observation(self, rt: WorkerRuntime) -> GearObservation:
-        """What the drafter-free gear needs of a worker this tick: capacity is k = 0 at ``max_num_seqs`` (with the
-        step correction and the observed prefill per output token), load the goodput predicted at its batch."""
-        fresh = rt.stale_since_s is None and rt.prev is not None
-        est, decision = rt.estimate, rt.decision
-        load = capacity = 0.0
-        spec_pays = off_pays = False
-        if est is not None and decision is not None:
-            current = decision.candidate(rt.stab.k) if rt.stab is not None else None
-            load = current.goodput_tok_s if current is not None and est.batch > 0 else 0.0
-            held = current.goodput_tok_s if current is not None else 0.0
-            off = decision.off.goodput_tok_s if decision.off is not None else 0.0
-            off_pays = rt.stab is not None and (rt.stab.k == 0 or (off > held and est.batch > 0))
-            seqs = float(rt.max_num_seqs or rt.config.max_num_seqs)
-            step = predict_step(
-                rt.profile,
-                batch=seqs,
-                k=0,
-                context_per_seq=est.context_per_seq,
-                prefill_per_step=est.prefill_per_token * seqs,
-            )
-            capacity = seqs / (step.total_s * est.step_correction)
-            spec_pays = decision.k > 0
-        return GearObservation(
-            worker_id=rt.config.id,
-            fresh=fresh,
-            in_flight=rt.prev.running + rt.prev.waiting if fresh and rt.prev is not None else None,
-            off_pays=off_pays,
-            spec_pays=spec_pays,
-            load_tok_s=load,
-            capacity_tok_s=capacity,
-        )
-
-    # ------------------------------------------------------------------------------------ cost and output
-    def _account(self, rt: WorkerRuntime) -> None:
-        m, wid = self.metrics, rt.config.id
-        rt.usd_since_attribution += rt.config.usd_per_second * rt.elapsed_s
-        rt.elapsed_s = 0.0
-        est, decision = rt.estimate, rt.decision
-        if est is None or decision is None:
-            return
-        if rt.stab is not None:
-            m.k_desired.labels(wid).set(rt.stab.k)
-        if rt.k_applied is not None:
-            m.k_applied.labels(wid).set(rt.k_applied)
-        m.decode_batch.labels(wid).set(est.batch)
-        m.step_correction.labels(wid).set(est.step_correction)
-        m.overloaded.labels(wid).set(1 if decision.overloaded else 0)
-        chosen = decision.candidate(rt.stab.k) if rt.stab else None
-        if chosen is not None:
-            m.tpot_predicted.labels(wid).set(chosen.tpot_s)
-        if est.accepted_length is not None:
-            m.accepted_length.labels(wid).set(est.accepted_length)
-        if est.step_observed_s is not None:
-            m.step_observed.labels(wid).set(est.step_observed_s)
-        w = rt.window
-        current = decision.candidate(w.k) if w is not None else None
-        k0 = decision.candidate(0)
-        if w is None or current is None or k0 is None:
-            return
-        m.step_predicted.labels(wid).set(current.step_s)
-        rt.cost = worker_cost(usd_per_s=rt.config.usd_per_second, window=w, current=current, k0=k0, off=decision.off)
-        rt.savings_usd += rt.cost.savings_usd
-        if rt.cost.usd_per_mtok is not None:
-            m.usd_per_mtok.labels(wid).set(rt.cost.usd_per_mtok)
-        if rt.cost.usd_per_mtok_k0 is not None:
-            m.usd_per_mtok_k0.labels(wid).set(rt.cost.usd_per_mtok_k0)
-        m.drafter_share.labels(wid).set(rt.cost.drafter_share)
-        m.rejected_share.labels(wid).set(rt.cost.rejected_share)
-        m.savings.labels(wid).set(rt.savings_usd)
-
     def worker_state(self, rt: WorkerRuntime) -> WorkerState:
-        """What the gateway reads. ``acceptance_per_pos`` holds a_i = P(draft i accepted), unconditional as in
-        DESIGN §3.2, so the expected tokens per request-step at k' is 1 + Σ_{i<k'} a_i."""
-        est, decision = rt.estimate, rt.decision
-        chosen = decision.candidate(rt.stab.k) if decision is not None and rt.stab is not None else None
-        scrape = rt.prev
-        return WorkerState(
-            worker_id=rt.config.id,
-            model=rt.config.model,
-            k_desired=rt.k_desired if rt.k_desired is not None else -1,
-            k_applied=rt.k_applied if rt.k_applied is not None else -1,
-            accepted_length=est.accepted_length or 1.0 if est else 1.0,
-            acceptance_per_pos=list(itertools.accumulate(est.conditional, operator.mul)) if est else [],
-            tpot_predicted_s=chosen.tpot_s if chosen else None,
-            running=scrape.running if scrape else 0.0,
-            waiting=scrape.waiting if scrape else 0.0,
-            kv_usage=scrape.kv_usage if scrape else 0.0,
-            usd_per_mtok=rt.cost.usd_per_mtok if rt.cost else None,
-            overloaded=decision.overloaded if decision else False,
-            stale=est.stale if est else True,
-            reason=rt.action.reason if rt.action else "",
-            updated_at=self.clock.wall(),
-        )
-
-    async def _publish(self, rt: WorkerRuntime) -> None:
-        await self.store.publish_worker_state(self.worker_state(rt), ttl_s=self.settings.state_ttl_s)
+        """What the gateway reads of ``rt`` now (``controller.tick.report.worker_state``)."""
+        return worker_state(rt, updated_at=self.clock.wall())
 
     async def attribute_tenants(self) -> dict[str, float]:
-        """Split the workers' cost since the last call over tenants by the ledger's records (``controller.cost``)
+        """Split the workers' cost since the last call over tenants now (``controller.fleet_hooks.CostAttribution``)
         and add it to the per-tenant cost metric. Returns tenant → USD."""
-        since, until = self._attributed_until, self.clock.wall()
-        records: list[UsageRecord] = []
-        for tenant in self.tenants.tenants:
-            totals = await self.store.usage(tenant.id, since=since, until=until, limit=100_000)
-            records.extend(totals.records)
-        usd = {wid: rt.usd_since_attribution for wid, rt in self.workers.items()}
-        fallback = [rt.decision.candidate(rt.stab.k) for rt in self.workers.values() if rt.decision and rt.stab]
-        tpot = next((c.tpot_s for c in fallback if c is not None), 0.02)
-        profile = next(iter(self.workers.values())).profile if self.workers else None
-        prefill = prefill_seconds_per_token(profile) if profile is not None else 0.0
-        shares = attribute_to_tenants(records, usd, prefill_s_per_token=prefill, fallback_tpot_s=tpot)
-        for tenant_id, value in shares.items():
-            self.metrics.tenant_cost.labels(tenant_id).inc(value)
-        for rt in self.workers.values():
-            rt.usd_since_attribution = 0.0
-        self._attributed_until = until
-        return shares
+        return await self.attribution.attribute(list(self.workers.values()))
 
     # ------------------------------------------------------------------------------------ leadership + pacing
     async def lead_once(self) -> bool:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from controller.actuator import ControlActuator
+from controller.gear_mode import GearModes
 from controller.loop import Controller
 from controller.settings import ControllerSettings
 from controller.sources import MetricsSource, RenderSource, SampleSource
@@ -85,10 +86,11 @@ def lab_controller(
     store: Store | None = None,
     holder_id: str = "controller",
     renderers: Mapping[str, Callable[[], bytes | str]] | None = None,
+    gear_modes: GearModes | None = None,
 ) -> Controller:
     """A ``Controller`` wired to in-process workers: ``SampleSource`` in (their metrics without the text),
     ``ControlActuator`` out. ``renderers`` (worker id → its ``/metrics`` text) reads the exposition text instead,
-    for example to make one fail."""
+    for example to make one fail. ``gear_modes``: the drafter-free gear's moves (None: none)."""
     source: MetricsSource = (
         SampleSource({w.worker_id: w.metrics_samples for w in workers}, clock=clock)
         if renderers is None
@@ -104,6 +106,7 @@ def lab_controller(
         clock=clock,
         profiles={profile.name: profile},
         holder_id=holder_id,
+        gear_modes=gear_modes,
     )
 
 

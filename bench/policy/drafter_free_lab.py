@@ -20,17 +20,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.markdown import fmt, pct, table
+from bench.policy.controller_lab import lab_controller, lab_fleet
+from bench.policy.controller_policy import ControllerPolicy, tenants_for
 from bench.policy.lab import run_policy
-from bench.policy.policies import ControllerPolicy, LabContext, StaticSchedule
+from bench.policy.lab_policy import LabContext
+from bench.policy.policies import StaticSchedule
 from bench.policy.run_metrics import RunMetrics, summarise
 from bench.policy.scenario import Scenario, load_scenarios
 from controller.drafter_free import DrafterFreeConfig
 from controller.gear_mode import GearModes
+from controller.loop import Controller
+from controller.settings import ControllerSettings
 from fleet.clock import ManualClock
 from fleet.config import WorkerConfig
 from fleet.perf import load_profile
 from fleet.restart import RestartState
 from fleet.speculation import SpeculationControl, uniform_schedule
+from fleet.store.memory import MemoryStore
 from fleet.worker_mode import WorkerMode
 from workers.sim.virtual import TickContext, VirtualWorker
 
@@ -98,24 +104,31 @@ class DrafterFreePolicy(ControllerPolicy):
 
     def bind(self, workers: Sequence[VirtualWorker], ctx: LabContext) -> None:
         super().bind(workers, ctx)
-        assert self.controller is not None  # ControllerPolicy.bind built it
+        self._tick_s, self._bounds = ctx.tick_s, ctx.phase_bounds
+
+    def build(
+        self, workers: Sequence[VirtualWorker], ctx: LabContext, clock: ManualClock, settings: ControllerSettings
+    ) -> Controller:
+        """The controller with the drafter-free gear's moves, restarting workers in lab time."""
         restart_s = load_profile(ctx.profile_name).serving.restart_s
         if restart_s is None:
             raise ValueError(f"{ctx.profile_name}: the profile models no serving.restart_s")
-        clock = workers[0].control.clock
-        assert isinstance(clock, ManualClock)  # ControllerPolicy.bind checked it
+        profile = self.believed or load_profile(ctx.profile_name)
+        store = MemoryStore(clock=clock)
+        fleet = lab_fleet(workers, profile).workers
         self.restarter = VirtualRestarter(workers, clock, restart_s=restart_s)
-        fleet = [rt.config for rt in self.controller.workers.values()]
         self.gears = GearModes(
             workers=fleet,
             restart_s={w.id: restart_s for w in fleet},
             config=self.config,
             restarter=self.restarter,
-            store=self.controller.store,
+            store=store,
             clock=clock,
         )
-        self.controller.gear_modes = self.gears
-        self._tick_s, self._bounds = ctx.tick_s, ctx.phase_bounds
+        tenants = tenants_for(ctx.tiers)
+        return lab_controller(
+            workers, profile, clock, settings=settings, tenants=tenants, store=store, gear_modes=self.gears
+        )
 
     def on_tick(self, tick: TickContext) -> None:
         super().on_tick(tick)

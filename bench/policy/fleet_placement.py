@@ -21,7 +21,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from bench.policy.policies import NO_STATES, ControllerPolicy, LabContext
+from bench.policy.controller_policy import ControllerPolicy
+from bench.policy.lab_policy import LabContext, Passive
 from bench.policy.routing import Placement
 from controller.planner import (
     ClassLoad,
@@ -59,7 +60,7 @@ def pin(workers: Sequence[VirtualWorker], plan: FleetPlan, max_num_seqs: int) ->
 
 
 @dataclass
-class StaticPlacement:
+class StaticPlacement(Passive):
     """A fixed placement: ``plan`` (pools, their k and caps) and ``shares`` (class → pool → share)."""
 
     name: str
@@ -74,17 +75,8 @@ class StaticPlacement:
         pin(workers, self.plan, workers[0].control.max_num_seqs)
         self._placement = Placement(self.plan, self.shares)
 
-    def on_tick(self, tick: TickContext) -> None:
-        return None
-
-    def published_states(self) -> Mapping[str, WorkerState]:
-        return NO_STATES
-
     def placement(self) -> Placement | None:
         return self._placement
-
-    def close(self) -> None:
-        return None
 
 
 @dataclass

@@ -132,6 +132,10 @@ def record(tenant: str, worker_id: str | None, completion: int, tpot: float | No
     )  # fmt: skip
 
 
+ZERO = {"w0": 0.0, "w1": 0.0}
+"""No prefill time and no fallback TPOT on either worker (every record below has its TPOT)."""
+
+
 def test_tenant_attribution_by_batch_slot_time() -> None:
     records = [
         record("a", "w0", 101, 0.01),  # 1.0 slot-second
@@ -140,14 +144,14 @@ def test_tenant_attribution_by_batch_slot_time() -> None:
         record("c", None, 50, 0.01),  # never reached a worker: no share
         record("d", "w9", 50, 0.01),  # unknown worker: no share
     ]
-    shares = attribute_to_tenants(records, {"w0": 8.0, "w1": 2.0}, prefill_s_per_token=0.0)
+    shares = attribute_to_tenants(records, {"w0": 8.0, "w1": 2.0}, prefill_s_per_token=ZERO, fallback_tpot_s=ZERO)
     assert shares == pytest.approx({"a": 2.0 + 2.0, "b": 6.0})
     assert sum(shares.values()) == pytest.approx(10.0)
 
 
 def test_tenant_attribution_counts_prefill() -> None:
     records = [record("a", "w0", 1, None, prompt=1000), record("b", "w0", 1, None, prompt=3000)]
-    shares = attribute_to_tenants(records, {"w0": 4.0}, prefill_s_per_token=1e-4)
+    shares = attribute_to_tenants(records, {"w0": 4.0}, prefill_s_per_token={"w0": 1e-4}, fallback_tpot_s={"w0": 0.02})
     assert shares == pytest.approx({"a": 1.0, "b": 3.0})
 
 

@@ -237,9 +237,6 @@ class EngineCore:
     def has_work(self) -> bool:
         return bool(self._running) or len(self._waiting) > 0
 
-    def is_active(self, request_id: str) -> bool:
-        return request_id in self._by_id
-
     @property
     def stats(self) -> EngineStats:
         s = self._stats
