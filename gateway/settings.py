@@ -96,6 +96,12 @@ class GatewaySettings(CommonSettings):
 
     # requests
     max_body_bytes: Annotated[int, Field(gt=0)] = 16 * 1024 * 1024
+    """Body cap of every route but the admin API's, checked before the body is parsed: more is answered 413."""
+    max_admin_body_bytes: Annotated[int, Field(gt=0)] = 1024 * 1024
+    """Body cap of the admin API (``/admin/``), checked after the admin key and before the body is parsed."""
+    admin_auth_failures_per_minute: Annotated[int, Field(gt=0)] = 10
+    """Failed admin authentications one client address may make within a minute; then every admin request from it
+    is answered 429 (nothing checked) until the oldest failure is a minute old (``gateway.intake.admin_guard``)."""
     default_max_tokens: Annotated[int, Field(gt=0)] = 4096
     """Tokens reserved against the tenant's TPM when a request does not set ``max_tokens``."""
     chars_per_token: Annotated[float, Field(gt=0)] = 4.0

@@ -15,6 +15,7 @@ from opentelemetry.sdk.trace.export import SpanExporter
 from fleet.clock import Clock
 from fleet.config import FleetConfig, TenantsConfig
 from fleet.store.protocol import Store
+from gateway.intake.admin_guard import AdminGuard
 from gateway.intake.admission import Admitter
 from gateway.intake.auth import KeyRing
 from gateway.intake.overload import OverloadGate
@@ -54,6 +55,8 @@ class Gateway:
     overload: OverloadGate
     tenant_book: TenantBook
     """The tenants file merged with the run-time changes; ``tenants`` is its set in force."""
+    admin_guard: AdminGuard
+    """Authenticates ``/admin/`` requests before their bodies are read, and rate limits failures."""
     prefix: PrefixIndex | None = None
     """Which workers recently served which prompt blocks (``gateway.routing.prefix``); None with prefix affinity off."""
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
@@ -108,6 +111,9 @@ async def running_gateway(
         overload=OverloadGate(pool, settings=settings, metrics=metrics, clock=clock),
         replicas=replicas,
         tenant_book=TenantBook(tenants, store, on_change=lambda in_force: gw.use_tenants(in_force)),
+        admin_guard=AdminGuard(
+            settings.admin_credentials, clock=clock, failures=settings.admin_auth_failures_per_minute
+        ),
         prefix=prefix,
     )
     await gw.tenant_book.load()

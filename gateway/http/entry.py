@@ -22,6 +22,7 @@ from fastapi import FastAPI
 from starlette.types import Message, Receive, Scope, Send
 
 from gateway import errors
+from gateway.intake.admin_guard import ADMIN_ID, ADMIN_PREFIX
 from gateway.intake.session import SESSION_HEADER
 from gateway.pipeline import complete
 from gateway.routing.filters.placement import WORKLOAD_HEADER
@@ -70,6 +71,14 @@ class GatewayApp(FastAPI):
                 message["headers"] = [*message.get("headers", []), id_header]
             await send(message)
 
+        if gw is not None:
+            try:
+                receive = await guarded_body(gw, scope, receive)
+            except errors.GatewayError as exc:
+                response = errors.respond(exc, gw.metrics)
+                response.raw_headers.append(id_header)
+                await response(scope, receive, send)
+                return
         await super().__call__(scope, receive, send_with_id)
 
 
@@ -102,6 +111,31 @@ async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
         chunks.append(chunk)
         if not message.get("more_body", False):
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+async def guarded_body(gw: Gateway, scope: Scope, receive: Receive) -> Receive:
+    """Every route FastAPI serves: an ``/admin/`` request is authenticated first (the key's id goes to
+    ``scope["state"]``; 401, or 429 for a client that failed too often), then the body is read within its cap
+    (``max_admin_body_bytes`` there, ``max_body_bytes`` elsewhere; 413), before FastAPI parses anything. Returns the
+    ``receive`` that hands FastAPI the body read."""
+    admin = scope["path"].startswith(ADMIN_PREFIX)
+    if admin:
+        client = scope.get("client")
+        scope["state"][ADMIN_ID] = gw.admin_guard.authorize(
+            _header(scope, b"authorization"), client[0] if client else ""
+        )
+    limit = gw.settings.max_admin_body_bytes if admin else gw.settings.max_body_bytes
+    body = await read_body(scope, receive, limit)
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if sent:
+            return await receive()  # a disconnect, for a route that waits on one
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return replay
 
 
 async def serve_completion(

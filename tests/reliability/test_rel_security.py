@@ -81,7 +81,9 @@ async def test_secrets_are_never_logged_and_stored_only_as_keyed_digests(
 
 
 async def test_admin_api_needs_the_admin_key_and_tenant_keys_cannot_use_it(chaos: ChaosProxy) -> None:
-    async with live_gateway(fleet_of([chaos.url])) as live, httpx.AsyncClient(base_url=live.url) as c:
+    # 20 failed attempts from one address: above the failed-auth limit's default (test_rel_admin_bodies covers it)
+    gateway = live_gateway(fleet_of([chaos.url]), admin_auth_failures_per_minute=100)
+    async with gateway as live, httpx.AsyncClient(base_url=live.url) as c:
         for key in (KEYS["alpha"], None, "x", ADMIN_KEY + "x"):
             headers = {"authorization": f"Bearer {key}"} if key is not None else {}
             for method, path in (("GET", "/admin/v1/keys"), ("GET", "/admin/v1/usage/alpha"),

@@ -1,0 +1,97 @@
+"""Defect 2 (issue 23) and the admin security pass, on a real gateway on loopback with raw HTTP/1.1 (a client that
+declares a huge body and sends none, or streams one without a length):
+
+- an admin route authenticates before it reads its body: a wrong or missing key is answered 401 at once, whatever
+  body it declares (before the fix FastAPI read and parsed the whole body, then ran the admin check);
+- every route caps its body before parsing: 413 for a declared or a streamed body over the cap (before the fix
+  only the completion routes had a cap: an admin could be sent gigabytes);
+- failed admin authentication is rate limited per client address: 429 with Retry-After, and nothing checked."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from .rel_harness import ADMIN_KEY, fleet_of, live_gateway
+
+ANSWER_S = 5.0
+"""How long a client waits for the status line; a gateway still reading the declared body never answers."""
+HUGE = 10 * 1024**3
+"""A declared Content-Length no route may read (10 GiB)."""
+
+
+async def _status(url: str, head: str, body_chunks: tuple[bytes, ...] = ()) -> tuple[int, dict[str, str]]:
+    """Send ``head`` (request line and headers, CRLF-terminated) then ``body_chunks``; the response's status and
+    headers, or status 0 when none came within ``ANSWER_S``."""
+    host, port = url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        writer.write(head.encode() + b"\r\n")
+        for chunk in body_chunks:
+            writer.write(chunk)
+        await writer.drain()
+        try:
+            raw = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), ANSWER_S)
+        except (TimeoutError, asyncio.IncompleteReadError, ConnectionError):
+            return 0, {}
+    finally:
+        writer.close()
+    lines = raw.decode("latin-1").split("\r\n")
+    headers = dict(line.split(": ", 1) for line in lines[1:] if ": " in line)
+    return int(lines[0].split()[1]), {k.lower(): v for k, v in headers.items()}
+
+
+def _head(route: str, *, key: str | None, length: int | None = None, chunked: bool = False) -> str:
+    lines = [f"{route} HTTP/1.1", "Host: gateway", "Content-Type: application/json"]
+    if key is not None:
+        lines.append(f"Authorization: Bearer {key}")
+    if length is not None:
+        lines.append(f"Content-Length: {length}")
+    if chunked:
+        lines.append("Transfer-Encoding: chunked")
+    return "\r\n".join(lines) + "\r\n"
+
+
+ADMIN_ROUTES = (
+    "POST /admin/v1/tenants",
+    "PATCH /admin/v1/tenants/alpha",
+    "POST /admin/v1/keys",
+    "PUT /admin/v1/brownout",
+    "PATCH /admin/v1/tiers/standard",
+)
+
+
+@pytest.mark.parametrize("route", ADMIN_ROUTES)
+async def test_an_admin_route_refuses_a_wrong_key_before_reading_the_body(route: str) -> None:
+    async with live_gateway(fleet_of(["http://127.0.0.1:9"])) as live:
+        for key in ("wrong-admin-key", None):
+            status, _ = await _status(live.url, _head(route, key=key, length=HUGE))
+            assert status == 401, f"{route} with key {key!r}: {status or 'no answer'}"
+
+
+@pytest.mark.parametrize("route", ADMIN_ROUTES)
+async def test_an_admin_body_over_the_cap_is_refused_before_parsing(route: str) -> None:
+    async with live_gateway(fleet_of(["http://127.0.0.1:9"])) as live:
+        declared, _ = await _status(live.url, _head(route, key=ADMIN_KEY, length=HUGE))
+        assert declared == 413
+        cap = 1024 * 1024  # GEARSHIFT_MAX_ADMIN_BODY_BYTES' default
+        chunk = b"[" + b" " * (cap + 1024)  # streamed without a length: counted as it arrives
+        streamed, _ = await _status(
+            live.url, _head(route, key=ADMIN_KEY, chunked=True), (f"{len(chunk):x}\r\n".encode(), chunk, b"\r\n")
+        )
+        assert streamed == 413
+
+
+async def test_failed_admin_authentication_is_rate_limited_per_client() -> None:
+    async with live_gateway(fleet_of(["http://127.0.0.1:9"])) as live:
+        allowed = 10  # GEARSHIFT_ADMIN_AUTH_FAILURES_PER_MINUTE's default
+        keys = "POST /admin/v1/keys"
+        statuses = [
+            (await _status(live.url, _head(keys, key=f"guess-{i}", length=2), (b"{}",)))[0] for i in range(allowed + 1)
+        ]
+        assert statuses[:allowed] == [401] * allowed
+        assert statuses[allowed] == 429
+        status, headers = await _status(live.url, _head(keys, key=ADMIN_KEY, length=2), (b"{}",))
+        assert status == 429, "while blocked nothing is checked: a guess cannot be told from the right key"
+        assert float(headers["retry-after"]) > 0
