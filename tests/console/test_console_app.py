@@ -12,11 +12,13 @@ from typing import Any
 import httpx
 import pytest
 
+from fleet.worker_mode import Mode, Phase, WorkerMode, write_mode
 from tests.gateway.harness import (
     ADMIN_KEY,
     MODEL,
     RunningGateway,
     StartUpstreams,
+    eventually,
     make_fleet,
     make_tenants,
     serve_gateway,
@@ -158,3 +160,22 @@ async def test_the_console_is_off_unless_enabled_with_the_admin_api(
         assert (await c.post("/console/login", data={"admin_key": ADMIN_KEY})).status_code == 404
         assert (await c.get("/console/static/htmx-2.0.11.min.js")).status_code == 404
         assert (await c.get("/healthz")).status_code == 200
+
+
+async def test_the_fleet_page_shows_a_draining_worker_and_an_unknown_tenant_is_a_404_page(
+    upstreams: StartUpstreams,
+) -> None:
+    async with console_gateway(upstreams) as g, logged_in(g) as (client, _):
+        now = g.gw.clock.wall()
+        await write_mode(
+            g.store, WorkerMode(worker_id="w0", mode=Mode.DRAFTER, phase=Phase.DRAINING, since=now, mode_since=now)
+        )
+        await eventually(lambda: _shows(client, "/console/fleet/table", "draining"))
+        r = await client.get("/console/tenants/nobody")
+        assert r.status_code == 404
+        assert r.headers["content-type"].startswith("text/html")
+        assert "No tenant &#39;nobody&#39;" in r.text
+
+
+async def _shows(client: httpx.AsyncClient, page: str, text: str) -> bool:
+    return text in (await client.get(page)).text

@@ -17,9 +17,10 @@ from gateway.http import admin, tenants_admin, tiers_admin
 from gateway.http.console import forms
 from gateway.http.console.auth import ConsoleDep, FormDep, SessionDep
 from gateway.http.console.pages import tenant_context
+from gateway.http.console.render import HtmlErrors
 from gateway.http.deps import GatewayDep
 
-router = APIRouter()
+router = APIRouter(route_class=HtmlErrors)
 
 
 async def perform(back: str, change: Callable[[], Awaitable[Any]], *, notice: str) -> Response:
@@ -27,8 +28,13 @@ async def perform(back: str, change: Callable[[], Awaitable[Any]], *, notice: st
     try:
         await change()
     except GatewayError as exc:
-        return RedirectResponse(f"{back}?{urlencode({'error': exc.message})}", status_code=303)
-    return RedirectResponse(f"{back}?{urlencode({'notice': notice})}", status_code=303)
+        return _back(back, error=exc.message)
+    return _back(back, notice=notice)
+
+
+def _back(page: str, **message: str) -> Response:
+    """To ``page`` (post/redirect/get) with ``error=…`` or ``notice=…`` for it to show."""
+    return RedirectResponse(f"{page}?{urlencode(message)}", status_code=303)
 
 
 @router.post("/tenants")
@@ -84,8 +90,7 @@ async def create_key(
     try:
         created = await admin.create_key(admin.CreateKey(tenant=tenant_id, key_id=key_id), session.admin_id, gw)
     except GatewayError as exc:
-        back = _tenant_page(console.pages.base, tenant_id)
-        return RedirectResponse(f"{back}?{urlencode({'error': exc.message})}", status_code=303)
+        return _back(_tenant_page(console.pages.base, tenant_id), error=exc.message)
     context = {**await tenant_context(gw, session.admin_id, tenant_id), "session": session, "new_key": created}
     response = console.pages.render("tenant.html.j2", context, title="Tenants", status_code=201)
     response.headers["cache-control"] = "no-store"

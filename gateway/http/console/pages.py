@@ -13,6 +13,7 @@ from fleet.store.protocol import UsageRecord
 from gateway.http import admin, tenants_admin, tiers_admin
 from gateway.http.console import reads, views
 from gateway.http.console.auth import ConsoleDep, SessionDep
+from gateway.http.console.render import HtmlErrors
 from gateway.http.deps import GatewayDep
 from gateway.wiring import Gateway
 
@@ -24,7 +25,7 @@ USAGE_WINDOW_S = 24 * 3600.0
 USAGE_BUCKETS = 24
 AUDIT_SHOWN = 50
 
-router = APIRouter()
+router = APIRouter(route_class=HtmlErrors)
 
 
 def _messages(request: Request) -> dict[str, list[str]]:

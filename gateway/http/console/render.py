@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import datetime
-from collections.abc import Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
+from fastapi import Request
+from fastapi.routing import APIRoute
 from jinja2 import Environment, FileSystemLoader, select_autoescape
-from starlette.responses import HTMLResponse
+from starlette.responses import HTMLResponse, Response
 
 from fleet.clock import Clock
+from gateway.errors import GatewayError
 
 HERE = Path(__file__).resolve().parent
 TEMPLATES = HERE / "templates"
@@ -82,3 +85,21 @@ class Pages:
 
     def _ago(self, unix_s: float) -> str:
         return f"{max(self._clock.wall() - unix_s, 0.0):.0f} s"
+
+
+class HtmlErrors(APIRoute):
+    """A console route whose admin API errors (an unknown tenant, a refused value) answer as a page, with the
+    error's status and message, instead of the API's JSON body."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def route(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except GatewayError as exc:
+                pages = cast(Pages, request.app.state.console.pages)
+                context = {"status": exc.status, "errors": [exc.message]}
+                return pages.render("error.html.j2", context, status_code=exc.status, title="Error")
+
+        return route
