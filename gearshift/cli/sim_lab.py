@@ -56,13 +56,26 @@ def figures_command(
     except (ConfigError, ValueError) as exc:
         raise typer.BadParameter(str(exc), param_hint="--profile") from exc
     table = Table(title=f"Calibration of {prof.name} against {prof.figures}")
-    for col in ("figure", "unit", "published", "simulated", "error", "tolerance", "result"):
-        table.add_column(col, justify="left" if col in ("figure", "unit") else "right")
+    for col in ("figure", "role", "unit", "published", "simulated", "error", "tolerance", "result"):
+        table.add_column(col, justify="left" if col in ("figure", "role", "unit") else "right")
     for r in results:
         tolerance = "—" if r.tolerance is None else f"±{r.tolerance:.0%}"
         table.add_row(
-            r.figure, r.unit, f"{r.published:g}", f"{r.simulated:.2f}", f"{r.error:+.1%}", tolerance, _verdict(r)
+            r.figure,
+            r.role,
+            r.unit,
+            f"{r.published:g}",
+            f"{r.simulated:.2f}",
+            f"{r.error:+.1%}",
+            tolerance,
+            _verdict(r),
         )
+    fitted = sum(r.role == "fitted" and r.asserted for r in results)
+    predicted = [r for r in results if r.role == "predicted" and r.asserted]
+    console.print(
+        f"{fitted} fitted figures (they confirm the fit), {len(predicted)} predicted "
+        f"({sum(bool(r.passed) for r in predicted)} within tolerance: the checks that test the model)"
+    )
     console.print(table)
     if crossover:
         _print_crossover(console, prof)

@@ -23,7 +23,7 @@ from fleet.perf import (
 )
 
 DEFAULT = load_profile("kimi-k3-dspark-tp16")
-SHIPPED = ("kimi-k3-dspark-tp16", "kimi-k3-dspark-mi355x-tp8")
+SHIPPED = ("kimi-k3-dspark-tp16", "kimi-k3-dspark-mi355x-tp8", "kimi-k3-dspark-b300-tp8")
 
 
 def profile_with(**sections: dict[str, Any]) -> Profile:

@@ -6,8 +6,14 @@ Two formats, both under ``fleet/profiles/calibration/``; a profile names its fil
   launch figures (DESIGN §1) of the default profile. Its own shape; how each figure is measured is decided in
   ``workers.sim.figures``.
 - ``format: benchmarks``: serving benchmarks that state their workload (dataset, lengths, ``--ignore-eos``,
-  fixed k, ``max_num_seqs``) and acceptance lengths that state their acceptance class. A point marked
-  ``asserted: false`` is reported beside the simulated value and never passes or fails.
+  fixed k, ``max_num_seqs``), acceptance lengths that state their acceptance class, engine step times at a
+  batch and a routing (``step_time``), the best k by concurrency (``best_k``), and the launch figures of
+  ``seed_figures.yaml`` by reference (``launch``). A point marked ``asserted: false`` is reported beside the
+  simulated value and never passes or fails.
+
+**Fitted or predicted.** Every figure says what it is to its profile (``role``): ``fitted`` (a profile value was
+solved so that the simulator reproduces it: its check confirms the fit, it cannot test the model), ``predicted``
+(no value was fitted to it: its check tests the model and can fail) or ``reported`` (shown, not asserted).
 
 Units: tokens/s, tokens, relative tolerances (0.10 = ±10 %).
 """
@@ -26,6 +32,10 @@ from fleet.perf import Profile
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+Role = Literal["fitted", "predicted", "reported"]
+"""What a figure is to its profile (see the module docstring)."""
 
 
 # ------------------------------------------------------------------------------- seed_figures.yaml
@@ -74,6 +84,12 @@ class RandomWorkload(_Model):
     """The profile's acceptance class the simulator draws these requests' drafts from."""
 
 
+class SweepRoles(_Model):
+    no_speculation: Role
+    dspark: Role
+    ratio: Role
+
+
 class SweepPoint(_Model):
     concurrency: Annotated[int, Field(ge=1)]
     no_speculation_tok_s: Annotated[float, Field(gt=0)]
@@ -83,6 +99,8 @@ class SweepPoint(_Model):
     asserted: bool = True
     """False: reported next to the simulated value, never pass or fail (say why in ``note``)."""
     note: str = ""
+    roles: SweepRoles
+    """Of the point's three figures: no speculation, DSpark, and their ratio."""
 
 
 class ServingSweepFigure(_Model):
@@ -106,6 +124,7 @@ class AcceptancePoint(_Model):
     k: Annotated[int, Field(ge=1)]
     acceptance_length: Annotated[float, Field(gt=1)]
     """vLLM's mean acceptance length at this k: 1 + accepted / drafts (the bonus token included)."""
+    role: Role
 
 
 class AcceptanceLengthFigure(_Model):
@@ -119,11 +138,66 @@ class AcceptanceLengthFigure(_Model):
     points: Annotated[tuple[AcceptancePoint, ...], Field(min_length=1)]
 
 
+class StepTimePoint(_Model):
+    batch: Annotated[int, Field(ge=1)]
+    """Sequences decoding in the step (one token each: no speculation)."""
+    routing: Literal["collapsed", "uniform"]
+    """``collapsed``: every token routed to the same experts (dummy weights: a step reads ``experts_per_token``
+    experts whatever the batch); ``uniform``: tokens route independently (the profile's expert model)."""
+    step_ms: Annotated[float, Field(gt=0)]
+    """Decode step time, milliseconds."""
+    role: Role
+
+
+class StepTimeFigure(_Model):
+    """Decode step times of a server without speculation at fixed batches, each within ``tolerance``."""
+
+    id: Literal["step_time"]
+    source: str
+    context_tokens: Annotated[int, Field(ge=1)]
+    """Context of each decoding sequence, tokens (the source's, or a stated assumption)."""
+    tolerance: Annotated[float, Field(gt=0)]
+    points: Annotated[tuple[StepTimePoint, ...], Field(min_length=1)]
+
+
+class BestKPoint(_Model):
+    concurrency: Annotated[int, Field(ge=1)]
+    k: Annotated[int, Field(ge=0)]
+    """The k the source runs at this concurrency (0: no speculation)."""
+
+
+class BestKFigure(_Model):
+    """The k that gives the most aggregate output throughput at each concurrency, as the source picks it;
+    compared with the simulator's best among ``candidates`` (reported: a k matches or it does not)."""
+
+    id: Literal["best_k"]
+    source: str
+    workload: RandomWorkload
+    candidates: Annotated[tuple[Annotated[int, Field(ge=0)], ...], Field(min_length=2)]
+    """The k the source chose among (0: a server started without speculation)."""
+    points: Annotated[tuple[BestKPoint, ...], Field(min_length=1)]
+
+
+class LaunchReference(_Model):
+    """The launch figures of ``file`` (the ``seed_figures.yaml`` format), with each one's role to this profile;
+    keys as ``workers.sim.figures.launch_key`` names them."""
+
+    id: Literal["launch"]
+    file: str
+    roles: dict[str, Role]
+
+
+BenchmarkFigure = Annotated[
+    ServingSweepFigure | AcceptanceLengthFigure | StepTimeFigure | BestKFigure | LaunchReference,
+    Field(discriminator="id"),
+]
+
+
 class BenchmarkFigures(_Model):
     format: Literal["benchmarks"]
     deployment: dict[str, object]
     """What was measured on: hardware, parallelism, precision, engine and image (free form, for the reader)."""
-    figures: tuple[Annotated[ServingSweepFigure | AcceptanceLengthFigure, Field(discriminator="id")], ...]
+    figures: tuple[BenchmarkFigure, ...]
 
 
 FiguresFile = SeedFigures | BenchmarkFigures
