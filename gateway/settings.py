@@ -188,6 +188,7 @@ class GatewaySettings(CommonSettings):
     console_login_failures: Annotated[int, Field(gt=0)] = 5
     """Failed console logins one client address may make within ``console_login_window_s`` before it must wait."""
     console_login_window_s: Seconds = 60.0
+    """The window over which ``console_login_failures`` are counted, seconds."""
 
     def admin_credentials(self) -> dict[str, str]:
         """Every admin key by its id: ``admin`` for ``GEARSHIFT_ADMIN_KEY``, then the named ones."""
