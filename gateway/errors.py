@@ -162,9 +162,15 @@ class UpstreamTimeout(UpstreamFailed):
 
 
 class NoWorkerAvailable(GatewayError):
+    """No worker can take the request (none healthy, or every one refused): 503 with ``Retry-After``, 10 s unless
+    the raiser's ``headers`` say otherwise (``GatewaySettings.no_worker_retry_after_s``)."""
+
     status = 503
     type = "api_error"
     code = "no_worker_available"
+
+    def headers(self) -> dict[str, str]:
+        return {"retry-after": "10", **self._headers}
 
 
 class StoreUnavailable(GatewayError):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from dataclasses import replace
@@ -181,6 +182,7 @@ class Call:
                     f"No healthy worker serves '{self.req.model}'; request id {self.request_id}.",
                     param="model",
                     detail=f"excluded: {decision.filtered_out}",
+                    headers={"retry-after": str(max(1, math.ceil(gw.settings.no_worker_retry_after_s)))},
                 )
             span.set_attribute("gearshift.route.ranked", [w.id for w in decision.ranked])
             span.set_attribute("gearshift.route.scores", [round(decision.scores[w.id], 4) for w in decision.ranked])

@@ -39,6 +39,9 @@ class GatewaySettings(CommonSettings):
     max_retries: Annotated[int, Field(ge=0, le=8)] = 2
     """Further workers tried when one fails before its first byte (connect error, 5xx, timeout)."""
     upstream_pool_size: Annotated[int, Field(gt=0)] = 1024
+    upstream_api_key: SecretStr | None = None
+    """Bearer key the gateway sends every worker: vLLM's API key (``VLLM_API_KEY`` or ``--api-key`` on the worker), so
+    that nothing but the gateways can call a worker's ``/v1`` API (deploy/kubernetes/kimi-k3). None sends no key."""
 
     # shared store outages
     store_failure_mode: Literal["open", "closed"] = "open"
@@ -80,6 +83,12 @@ class GatewaySettings(CommonSettings):
     health_timeout_s: Seconds = 1.0
     health_timeouts_down: Annotated[int, Field(gt=0)] = 3
     """Consecutive timed-out probes that mark a worker down (a refused connection or an error status does at once)."""
+    ready_without_workers: bool = False
+    """``/readyz`` answers 200 while no worker is ready (its body says so), and requests get 503 with
+    ``Retry-After``: a load balancer keeps the gateway in rotation through a fleet's cold start (an hour on Kimi K3)
+    instead of leaving clients with connection errors. False: ``/readyz`` answers 503 until a worker is healthy."""
+    no_worker_retry_after_s: Seconds = 10.0
+    """``Retry-After`` of a 503 answered because no worker is ready, seconds."""
     state_refresh_s: Seconds = 0.5
     """How often worker states and ejections are re-read from the store (never per request)."""
     key_cache_ttl_s: Seconds = 5.0
@@ -200,6 +209,8 @@ class GatewaySettings(CommonSettings):
         """Outside the embedded default (Redis, or a public listen address) the development pepper and admin key
         are refused: anyone could mint the demo keys' digests or call the admin API."""
         secrets = {"key_pepper": self.key_pepper, "admin_key": self.admin_key}
+        if self.upstream_api_key is not None:
+            secrets["upstream_api_key"] = self.upstream_api_key
         exposed = exposure(redis_url=self.redis_url, host=self.host)
         refuse_dev_secrets(secrets, exposed=exposed, allowed=self.allow_dev_secrets)
         if "admin" in self.admin_keys:

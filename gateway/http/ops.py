@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 
 from fastapi import APIRouter
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -25,14 +26,19 @@ _STORE_PING_S = 1.0
 
 @router.get("/readyz")
 async def readyz(gw: GatewayDep) -> Response:
-    """Ready when at least one probed-healthy, non-ejected worker serves a model. The ``store`` detail says
-    whether the shared store answers; during an outage the gateway stays ready (``store_failure_mode=open``)
-    and enforces ``fail_open_share`` of each limit (1 / ``replicas``), and ``spool_bytes`` shows usage waiting
-    for the store."""
+    """Ready when at least one probed-healthy, non-ejected worker serves a model; with ``ready_without_workers``,
+    ready also while none is (``"workers": "none ready"``: requests get 503 with ``Retry-After``), else 503 with
+    ``Retry-After``. The ``store`` detail says whether the shared store answers; during an outage the gateway stays
+    ready (``store_failure_mode=open``) and enforces ``fail_open_share`` of each limit (1 / ``replicas``), and
+    ``spool_bytes`` shows usage waiting for the store."""
     store = await _store_detail(gw)
     if gw.pool.ready():
         return JSONResponse({"status": "ready", **store})
-    return JSONResponse({"status": "not ready", "reason": "no healthy worker", **store}, status_code=503)
+    if gw.settings.ready_without_workers:
+        return JSONResponse({"status": "ready", "workers": "none ready", **store})
+    retry = {"retry-after": str(max(1, math.ceil(gw.settings.no_worker_retry_after_s)))}
+    body = {"status": "not ready", "reason": "no healthy worker", **store}
+    return JSONResponse(body, status_code=503, headers=retry)
 
 
 async def _store_detail(gw: Gateway) -> dict[str, object]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import math
 from collections.abc import Sequence
 from types import TracebackType
 
@@ -129,6 +130,9 @@ class Upstream:
         self._settings = settings
         self._metrics = metrics
         self._connect = aiohttp.ClientTimeout(total=None, sock_connect=settings.connect_timeout_s)
+        key = settings.upstream_api_key
+        self._headers = {**_JSON, "authorization": f"Bearer {key.get_secret_value()}"} if key else _JSON
+        self._retry_after = {"retry-after": str(max(1, math.ceil(settings.no_worker_retry_after_s)))}
         self._gauges = {view.id: metrics.in_flight.labels(worker=view.id) for view in pool.views.values()}
 
     async def open(
@@ -166,7 +170,7 @@ class Upstream:
                 raise
             return hold
         if last is None:
-            raise NoWorkerAvailable(f"No worker is available; request id {request_id}.")
+            raise NoWorkerAvailable(f"No worker is available; request id {request_id}.", headers=self._retry_after)
         raise last.error
 
     async def _attempt(self, hold: Hold, path: str, body: bytes, *, stream: bool) -> None:
@@ -178,7 +182,7 @@ class Upstream:
                 # aiohttp writes a large bytes body in one go (and warns): stream it from a buffer instead.
                 data = body if len(body) <= _LARGE_BODY else io.BytesIO(body)
                 response = hold.response = await self._session.post(
-                    view.config.url + path, data=data, headers=_JSON, timeout=self._connect
+                    view.config.url + path, data=data, headers=self._headers, timeout=self._connect
                 )
                 if response.status >= 500:
                     text = (await response.content.read(_ERROR_BODY_LIMIT)).decode(errors="replace")

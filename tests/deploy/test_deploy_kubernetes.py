@@ -23,6 +23,7 @@ import yaml
 from typer.testing import CliRunner
 
 from fleet.config import FleetConfig, TenantsConfig, parse_model
+from gateway.settings import GatewaySettings
 
 from .deploy_contracts import (
     ROOT,
@@ -550,6 +551,20 @@ def test_the_redis_scripts_are_valid_shell_and_keep_the_password_out_of_argv(k8s
         assert "-a " not in text, name
         assert "--requirepass" not in text, name
     assert "maxmemory-policy noeviction" in scripts["redis.sh"]
+
+
+def test_the_gateways_send_the_workers_key_and_stay_ready_through_a_cold_start(k8s: Path) -> None:
+    resources = built(k8s, "kimi-k3")
+    (gw_pod,) = pods(named(resources, "Deployment", "gateway"))
+    (gateway,) = gw_pod.spec["containers"]
+    env = container_env(gw_pod, gateway, list(resources))
+    leader, _ = lws_pods(resources)
+    worker_env = container_env(leader, leader.spec["containers"][0], list(resources))
+    assert env["GEARSHIFT_UPSTREAM_API_KEY"] == worker_env["VLLM_API_KEY"]
+    settings = load_settings(resolve_command(container_args(gw_pod, gateway, env))[0], env)
+    assert isinstance(settings, GatewaySettings)
+    assert settings.ready_without_workers
+    assert gateway["readinessProbe"]["httpGet"]["path"] == "/readyz"
 
 
 def test_gateways_know_their_replica_count(k8s: Path) -> None:
