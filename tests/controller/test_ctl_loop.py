@@ -179,6 +179,10 @@ async def test_published_worker_state_and_cost(lab_profile: Profile) -> None:
     assert 0 < cost.rejected_share < 1
     assert cost.savings_usd > 0, "at two streams of maths speculation saves money"
     assert sample(ctl, "gearshift_controller_usd_per_mtok", worker="w0") == pytest.approx(state.usd_per_mtok)
+    # the cost split goes to the store too (the console's fleet and costs pages read it there)
+    assert state.drafter_share == pytest.approx(cost.drafter_share)
+    assert cost.usd_per_mtok_k0 is not None
+    assert state.usd_per_mtok_k0 == pytest.approx(cost.usd_per_mtok_k0)
 
 
 async def test_worker_cost_is_split_over_tenants_from_the_ledger(lab_profile: Profile) -> None:
