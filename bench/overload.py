@@ -30,6 +30,7 @@ from fleet.stats import percentile
 from fleet.store.memory import MemoryStore
 from gateway.http.serve import GatewayServer
 from gateway.settings import GatewaySettings
+from gateway.wiring import GatewayDeps
 
 MODEL = "kimi-k3"
 PEPPER = "bench-overload-pepper"
@@ -163,8 +164,9 @@ async def run_once(config: OverloadBenchConfig, *, control: bool, clock: Clock) 
         brownout_auto=False, log_level="WARNING",
     )  # fmt: skip
     server = GatewayServer(
-        settings, store=MemoryStore(clock=clock), clock=clock, fleet=_fleet(worker.url, config.slots),
-        tenants=_tenants(), handle_signals=False, rng=random.Random(config.seed),
+        GatewayDeps(settings, store=MemoryStore(clock=clock), clock=clock, fleet=_fleet(worker.url, config.slots),
+                    tenants=_tenants(), rng=random.Random(config.seed)),
+        handle_signals=False,
     )  # fmt: skip
     await server.start()
     results = {tier: TierResult() for tier in TIERS}

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import aiohttp
 from opentelemetry import trace
 from opentelemetry.sdk.trace.export import SpanExporter
+from prometheus_client import CollectorRegistry
 
 from fleet.clock import Clock
 from fleet.config import FleetConfig, TenantsConfig
@@ -30,6 +31,32 @@ from gateway.upstream.client import Upstream, new_session
 from gateway.usage.metering import LedgerWriter
 from gateway.usage.metrics import GatewayMetrics
 from gateway.usage.tracing import build_tracing
+
+
+@dataclass(frozen=True)
+class GatewayDeps:
+    """What one gateway is built from: its settings and the resources its caller owns (the store is opened and
+    closed by the caller). Built once, by ``from_settings`` or field by field in tests, and passed whole to
+    ``create_app``, ``GatewayServer`` and ``running_gateway``."""
+
+    settings: GatewaySettings
+    store: Store
+    clock: Clock
+    fleet: FleetConfig
+    tenants: TenantsConfig
+    upstream_session: aiohttp.ClientSession | None = None
+    """None: a pooled session built from the settings and closed with the gateway."""
+    registry: CollectorRegistry | None = None
+    """Where the gateway's metrics are registered; None: the process's default registry."""
+    span_exporter: SpanExporter | None = None
+    """None: the exporter the settings name (``gateway.usage.tracing``)."""
+    rng: random.Random | None = None
+    """Seeds the router's random choices (tests and benches); None: an unseeded one."""
+
+    @classmethod
+    def from_settings(cls, settings: GatewaySettings, *, store: Store, clock: Clock) -> GatewayDeps:
+        """The fleet and tenants from the files the settings name; every other resource from the settings."""
+        return cls(settings, store=store, clock=clock, fleet=settings.fleet(), tenants=settings.tenants())
 
 
 @dataclass
@@ -68,21 +95,13 @@ class Gateway:
 
 
 @contextlib.asynccontextmanager
-async def running_gateway(
-    settings: GatewaySettings,
-    *,
-    store: Store,
-    clock: Clock,
-    fleet: FleetConfig,
-    tenants: TenantsConfig,
-    metrics: GatewayMetrics,
-    upstream_session: aiohttp.ClientSession | None = None,
-    span_exporter: SpanExporter | None = None,
-    rng: random.Random | None = None,
-) -> AsyncIterator[Gateway]:
+async def running_gateway(deps: GatewayDeps) -> AsyncIterator[Gateway]:
     """Build every resource, start the background loops, and tear it all down on exit."""
+    settings, store, clock, fleet, tenants = deps.settings, deps.store, deps.clock, deps.fleet, deps.tenants
+    upstream_session, rng = deps.upstream_session, deps.rng
+    metrics = GatewayMetrics(deps.registry)
     session = upstream_session or new_session(settings)
-    tracing = build_tracing(settings, exporter=span_exporter)
+    tracing = build_tracing(settings, exporter=deps.span_exporter)
     pool = WorkerPool(fleet=fleet, store=store, clock=clock, settings=settings, metrics=metrics)
     prefix = (
         PrefixIndex(ttl_s=settings.prefix_ttl_s, capacity=settings.prefix_index_blocks)

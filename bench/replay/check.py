@@ -49,6 +49,7 @@ from fleet.store.memory import MemoryStore
 from fleet.store.protocol import UsageRecord
 from gateway.http.serve import GatewayServer
 from gateway.settings import GatewaySettings
+from gateway.wiring import GatewayDeps
 from workers.sim.fleet import SimFleet, fleet_worker_settings
 
 TOLERANCE = 0.15
@@ -248,8 +249,11 @@ async def record_run(
             fleet_worker_settings(fleet, seed=config.seed, speedup=config.speedup, control_token=common.control_token)
         )
         gateway = GatewayServer(
-            GatewaySettings(port=free_port(), fleet_file=common.fleet_file, log_level="WARNING"),
-            store=store, clock=clock, fleet=fleet, tenants=load_tenants(None), handle_signals=False,
+            GatewayDeps(
+                GatewaySettings(port=free_port(), fleet_file=common.fleet_file, log_level="WARNING"),
+                store=store, clock=clock, fleet=fleet, tenants=load_tenants(None),
+            ),
+            handle_signals=False,
         )  # fmt: skip
         parts: list[SimFleet | GatewayServer | ControllerComponent] = [sims, gateway]
         if controller:

@@ -213,9 +213,10 @@ def _generated_schema() -> dict[str, Any]:
     from fleet.store.memory import MemoryStore
     from gateway.http.app import create_app
     from gateway.settings import GatewaySettings
+    from gateway.wiring import GatewayDeps
 
-    app = create_app(GatewaySettings(), store=MemoryStore(), clock=SystemClock(), fleet=load_fleet(),
-                     tenants=load_tenants())  # fmt: skip
+    app = create_app(GatewayDeps(GatewaySettings(), store=MemoryStore(), clock=SystemClock(), fleet=load_fleet(),
+                                 tenants=load_tenants()))  # fmt: skip
     return app.openapi()
 
 

@@ -25,10 +25,13 @@ def gateway_document() -> dict[str, Any]:
     from fleet.store.memory import MemoryStore
     from gateway.http.app import create_app
     from gateway.settings import GatewaySettings
+    from gateway.wiring import GatewayDeps
 
     clock = ManualClock()
     app = create_app(
-        GatewaySettings(), store=MemoryStore(clock=clock), clock=clock, fleet=load_fleet(), tenants=load_tenants()
+        GatewayDeps(
+            GatewaySettings(), store=MemoryStore(clock=clock), clock=clock, fleet=load_fleet(), tenants=load_tenants()
+        )
     )
     return app.openapi()
 

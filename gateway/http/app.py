@@ -1,24 +1,17 @@
-"""The app factory: ``create_app(settings, *, store, clock, …)``; resources are built in the lifespan, and every
+"""The app factory: ``create_app(deps)``; resources are built in the lifespan, and every
 error FastAPI sees is rendered by ``errors.respond``."""
 
 from __future__ import annotations
 
 import logging
-import random
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-import aiohttp
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from opentelemetry.sdk.trace.export import SpanExporter
-from prometheus_client import CollectorRegistry
 from starlette.exceptions import HTTPException
 from starlette.responses import Response
 
-from fleet.clock import Clock
-from fleet.config import FleetConfig, TenantsConfig
-from fleet.store.protocol import Store
 from gateway import errors
 from gateway.http import console
 from gateway.http.admin import router as admin_router
@@ -28,42 +21,18 @@ from gateway.http.ops import router as ops_router
 from gateway.http.tenant import router as tenant_router
 from gateway.http.tenants_admin import router as tenants_admin_router
 from gateway.http.tiers_admin import router as tiers_admin_router
-from gateway.settings import GatewaySettings
-from gateway.usage.metrics import GatewayMetrics
-from gateway.wiring import running_gateway
+from gateway.wiring import GatewayDeps, running_gateway
 
 log = logging.getLogger(__name__)
 
 
-def create_app(
-    settings: GatewaySettings,
-    *,
-    store: Store,
-    clock: Clock,
-    fleet: FleetConfig,
-    tenants: TenantsConfig,
-    upstream_session: aiohttp.ClientSession | None = None,
-    registry: CollectorRegistry | None = None,
-    span_exporter: SpanExporter | None = None,
-    rng: random.Random | None = None,
-) -> FastAPI:
-    """The gateway app. ``upstream_session`` defaults to a pooled session built (and closed) in the lifespan;
-    the store is owned by the caller and not closed here."""
+def create_app(deps: GatewayDeps) -> FastAPI:
+    """The gateway app, its resources built from ``deps`` in the lifespan (the store is the caller's: not closed
+    here)."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        metrics = GatewayMetrics(registry)
-        async with running_gateway(
-            settings,
-            store=store,
-            clock=clock,
-            fleet=fleet,
-            tenants=tenants,
-            metrics=metrics,
-            upstream_session=upstream_session,
-            span_exporter=span_exporter,
-            rng=rng,
-        ) as gw:
+        async with running_gateway(deps) as gw:
             app.state.gateway = gw
             yield
 
@@ -80,10 +49,11 @@ def create_app(
     app.include_router(admin_router)
     app.include_router(tenants_admin_router)
     app.include_router(tiers_admin_router)
-    console.install(app, settings, clock=clock)
+    console.install(app, deps.settings, clock=deps.clock)
     app.include_router(ops_router)
     install_error_handlers(app)
-    install_openapi(app, example_model=fleet.models[0].name if fleet.models else "model", tiers=tenants.tiers)
+    fleet, tiers = deps.fleet, deps.tenants.tiers
+    install_openapi(app, example_model=fleet.models[0].name if fleet.models else "model", tiers=tiers)
     return app
 
 

@@ -5,23 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import random
 import signal
 import threading
 from collections.abc import Iterator
 
-import aiohttp
 import uvicorn
 from fastapi import FastAPI
-from opentelemetry.sdk.trace.export import SpanExporter
 
-from fleet.clock import Clock
-from fleet.config import FleetConfig, TenantsConfig
-from fleet.store.protocol import Store
 from gateway.http.app import create_app
 from gateway.http.protocol import guarded_protocol
-from gateway.settings import GatewaySettings
-from gateway.wiring import Gateway
+from gateway.wiring import Gateway, GatewayDeps
 
 _START_TIMEOUT_S = 30.0
 
@@ -57,24 +50,9 @@ class GatewayServer:
 
     name = "gateway"
 
-    def __init__(
-        self,
-        settings: GatewaySettings,
-        *,
-        store: Store,
-        clock: Clock,
-        fleet: FleetConfig,
-        tenants: TenantsConfig,
-        upstream_session: aiohttp.ClientSession | None = None,
-        span_exporter: SpanExporter | None = None,
-        rng: random.Random | None = None,
-        handle_signals: bool = True,
-    ) -> None:
-        self.settings = settings
-        self.app: FastAPI = create_app(
-            settings, store=store, clock=clock, fleet=fleet, tenants=tenants,
-            upstream_session=upstream_session, span_exporter=span_exporter, rng=rng,
-        )  # fmt: skip
+    def __init__(self, deps: GatewayDeps, *, handle_signals: bool = True) -> None:
+        settings = self.settings = deps.settings
+        self.app: FastAPI = create_app(deps)
         config = uvicorn.Config(
             self.app,
             host=settings.host,

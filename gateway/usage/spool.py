@@ -30,7 +30,6 @@ from fleet.store.protocol import Settlement, UsageRecord
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MAX_BYTES = 256 * 1024 * 1024
 T = TypeVar("T")
 
 
@@ -64,7 +63,7 @@ class JsonlSpool(Generic[T]):
         name: str,
         encode: Callable[[T], bytes],
         decode: Callable[[bytes], T],
-        max_bytes: int = DEFAULT_MAX_BYTES,
+        max_bytes: int,
     ) -> None:
         directory.mkdir(parents=True, exist_ok=True)
         self._lock = _lock(directory / f"{name}.lock")
@@ -165,7 +164,7 @@ class JsonlSpool(Generic[T]):
 class Spool(JsonlSpool[UsageRecord]):
     """The usage-record spool, ``<directory>/usage.jsonl``."""
 
-    def __init__(self, directory: Path, *, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+    def __init__(self, directory: Path, *, max_bytes: int) -> None:
         super().__init__(
             directory,
             name="usage",
@@ -181,7 +180,7 @@ _SETTLEMENT = TypeAdapter(Settlement)
 class SettlementSpool(JsonlSpool[Settlement]):
     """The settlement spool, ``<directory>/settle.jsonl``."""
 
-    def __init__(self, directory: Path, *, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+    def __init__(self, directory: Path, *, max_bytes: int) -> None:
         super().__init__(
             directory,
             name="settle",

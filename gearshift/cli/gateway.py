@@ -14,6 +14,7 @@ from fleet.config import ConfigError
 from fleet.store.factory import build_store
 from gateway.http.serve import GatewayServer
 from gateway.settings import GatewaySettings
+from gateway.wiring import GatewayDeps
 
 
 async def serve(settings: GatewaySettings) -> None:
@@ -21,7 +22,7 @@ async def serve(settings: GatewaySettings) -> None:
     clock = SystemClock()
     store = build_store(settings, clock=clock)
     try:
-        server = GatewayServer(settings, store=store, clock=clock, fleet=settings.fleet(), tenants=settings.tenants())
+        server = GatewayServer(GatewayDeps.from_settings(settings, store=store, clock=clock))
         await server.start()
         logging.getLogger("gearshift.gateway").info("gateway listening on %s", server.url)
         await server.wait()

@@ -23,6 +23,7 @@ from fleet.store.factory import build_store
 from fleet.store.protocol import Store
 from gateway.http.serve import GatewayServer, client_snippet
 from gateway.settings import GatewaySettings
+from gateway.wiring import GatewayDeps
 from workers.sim.fleet import SimFleet, fleet_worker_settings
 
 DEMO_KEY = "gs-demo-key"
@@ -55,11 +56,9 @@ def gateway_components(settings: CommonSettings) -> list[Component]:
     clock = SystemClock()
     store = SharedStore(build_store(settings, clock=clock), redis=bool(settings.redis_url))
     gateway = GatewayServer(
-        GatewaySettings(),
-        store=store.store,
-        clock=clock,
-        fleet=settings.fleet(),
-        tenants=settings.tenants(),
+        GatewayDeps(
+            GatewaySettings(), store=store.store, clock=clock, fleet=settings.fleet(), tenants=settings.tenants()
+        ),
         handle_signals=False,
     )
     return [store, gateway]

@@ -142,13 +142,16 @@ def served_paths(process: Process) -> frozenset[str]:
         from fleet.store.memory import MemoryStore
         from gateway.http.app import create_app
         from gateway.settings import GatewaySettings
+        from gateway.wiring import GatewayDeps
 
         app = create_app(
-            GatewaySettings(),
-            store=MemoryStore(clock=ManualClock()),
-            clock=ManualClock(),
-            fleet=load_fleet(),
-            tenants=load_tenants(),
+            GatewayDeps(
+                GatewaySettings(),
+                store=MemoryStore(clock=ManualClock()),
+                clock=ManualClock(),
+                fleet=load_fleet(),
+                tenants=load_tenants(),
+            )
         )
         # FastAPI includes routers lazily; its OpenAPI document lists every schema route's path.
         return frozenset(app.openapi()["paths"])

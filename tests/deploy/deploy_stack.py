@@ -31,6 +31,7 @@ from fleet.config import FleetConfig, TenantsConfig, key_digest, load_tenants
 from fleet.store.memory import MemoryStore
 from gateway.http.serve import GatewayServer
 from gateway.settings import GatewaySettings
+from gateway.wiring import GatewayDeps
 from workers.sim.server import SimServer
 from workers.sim.settings import SimWorkerSettings
 
@@ -112,13 +113,16 @@ async def running_stack(tmp_path: Path) -> AsyncIterator[Stack]:
     store = MemoryStore(clock=clock)
     common: dict[str, Any] = {"fleet_file": fleet_file, "tenants_file": tenants_file}
     gateway = GatewayServer(
-        # overload_max_occupancy: two requests in flight per worker (of its 256 sequences), so the stack's four
-        # streams queue (one place), and the overload panels (queue depth, queued time, sheds) have data to show.
-        GatewaySettings(
-            **common, port=0, state_refresh_s=0.1, health_interval_s=0.5, health_timeout_s=0.5,
-            overload_max_occupancy=2 / 256, overload_queue_size=1,
+        GatewayDeps(
+            # overload_max_occupancy: two requests in flight per worker (of its 256 sequences), so the stack's four
+            # streams queue (one place), and the overload panels (queue depth, queued time, sheds) have data to show.
+            GatewaySettings(
+                **common, port=0, state_refresh_s=0.1, health_interval_s=0.5, health_timeout_s=0.5,
+                overload_max_occupancy=2 / 256, overload_queue_size=1,
+            ),
+            store=store, clock=clock, fleet=FleetConfig.model_validate(fleet), tenants=tenants(),
         ),
-        store=store, clock=clock, fleet=FleetConfig.model_validate(fleet), tenants=tenants(), handle_signals=False,
+        handle_signals=False,
     )  # fmt: skip
     controller_port = free_port()
     controller = ControllerComponent(

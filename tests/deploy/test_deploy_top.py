@@ -27,6 +27,7 @@ from fleet.store.protocol import WorkerState
 from gateway.http.serve import GatewayServer
 from gateway.settings import GatewaySettings
 from gateway.usage.metrics import GatewayMetrics
+from gateway.wiring import GatewayDeps
 from gearshift.cli.top import GatewayAdminStates, StoreStates, render
 from gearshift.cli.top_model import Snapshot, WorkerSample, histogram_quantile, parse_gateway, tenant_rows, worker_rows
 from workers.sim.server import SimServer
@@ -123,11 +124,9 @@ async def running_stack(tmp_path: Path) -> AsyncIterator[tuple[str, Path, Memory
         port=0, admin_key=ADMIN_KEY, state_refresh_s=0.05, health_interval_s=0.2, health_timeout_s=0.2
     )
     gateway = GatewayServer(
-        settings,
-        store=store,
-        clock=clock,
-        fleet=FleetConfig.model_validate(fleet),
-        tenants=load_tenants(),
+        GatewayDeps(
+            settings, store=store, clock=clock, fleet=FleetConfig.model_validate(fleet), tenants=load_tenants()
+        ),
         handle_signals=False,
     )
     await gateway.start()

@@ -28,7 +28,7 @@ from gateway.routing.prefix import PrefixIndex
 from gateway.routing.router import Router, default_router
 from gateway.settings import GatewaySettings
 from gateway.upstream.body import BodyRules
-from gateway.wiring import Gateway
+from gateway.wiring import Gateway, GatewayDeps
 
 
 # ------------------------------------------------------------------------------------------- fake worker
@@ -335,8 +335,9 @@ async def serve_gateway(
         make_settings(**settings) if base is None else GatewaySettings(**{**base, "log_level": "WARNING", **settings})
     )
     server = GatewayServer(
-        config, store=store, clock=clock, fleet=fleet, tenants=tenants, rng=random.Random(seed),
-        span_exporter=span_exporter, handle_signals=False,
+        GatewayDeps(config, store=store, clock=clock, fleet=fleet, tenants=tenants, rng=random.Random(seed),
+                    span_exporter=span_exporter),
+        handle_signals=False,
     )  # fmt: skip
     await server.start()
     try:

@@ -24,6 +24,8 @@ from gateway.usage.spool import Spool
 from .harness import eventually
 
 T0 = 1_700_000_000.0
+MAX_BYTES = GatewaySettings.model_fields["spool_max_bytes"].default
+"""The bound a gateway runs with unless configured: where one test does not test the bound."""
 
 
 def record(i: int, tenant: str = "alpha") -> UsageRecord:
@@ -55,12 +57,12 @@ class SwitchableStore(MemoryStore):
 
 # ------------------------------------------------------------------------------------------------ spool
 def test_spooled_records_survive_a_reopen_and_replay_in_order(tmp_path: Path) -> None:
-    spool = Spool(tmp_path)
+    spool = Spool(tmp_path, max_bytes=MAX_BYTES)
     assert spool.append([record(i) for i in range(5)])
     first, end = spool.pending(3)
     assert [r.request_id for r in first] == ["req-0", "req-1", "req-2"]
     spool.commit(end)
-    reopened = Spool(tmp_path)  # what a restarted process sees
+    reopened = Spool(tmp_path, max_bytes=MAX_BYTES)  # what a restarted process sees
     rest, end = reopened.pending(100)
     assert [r.request_id for r in rest] == ["req-3", "req-4"]
     reopened.commit(end)
@@ -69,11 +71,11 @@ def test_spooled_records_survive_a_reopen_and_replay_in_order(tmp_path: Path) ->
 
 
 def test_a_line_torn_by_a_crash_is_dropped(tmp_path: Path) -> None:
-    spool = Spool(tmp_path)
+    spool = Spool(tmp_path, max_bytes=MAX_BYTES)
     spool.append([record(0), record(1)])
     with (tmp_path / "usage.jsonl").open("ab") as f:
         f.write(record(2).model_dump_json().encode()[:20])  # killed mid-write: never acknowledged
-    reopened = Spool(tmp_path)
+    reopened = Spool(tmp_path, max_bytes=MAX_BYTES)
     records, _ = reopened.pending(100)
     assert [r.request_id for r in records] == ["req-0", "req-1"]
     assert reopened.append([record(3)])
@@ -81,7 +83,7 @@ def test_a_line_torn_by_a_crash_is_dropped(tmp_path: Path) -> None:
 
 
 def test_a_damaged_line_is_skipped_not_replayed_forever(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    spool = Spool(tmp_path)
+    spool = Spool(tmp_path, max_bytes=MAX_BYTES)
     spool.append([record(0)])
     with (tmp_path / "usage.jsonl").open("ab") as f:
         f.write(b"{not json}\n")
@@ -107,7 +109,9 @@ def test_a_full_spool_refuses_and_says_so(tmp_path: Path) -> None:
 # ----------------------------------------------------------------------------------------- ledger writer
 async def test_an_outage_spools_records_and_the_writer_replays_them_once(tmp_path: Path) -> None:
     store, metrics = SwitchableStore(), GatewayMetrics()
-    writer = LedgerWriter(store, clock=SystemClock(), metrics=metrics, spool=Spool(tmp_path), retry_s=0.01)
+    writer = LedgerWriter(
+        store, clock=SystemClock(), metrics=metrics, spool=Spool(tmp_path, max_bytes=MAX_BYTES), retry_s=0.01
+    )
     writer.start()
     for i in range(10):
         writer.append(record(i, tenant="alpha" if i % 2 else "beta"))
@@ -134,11 +138,13 @@ async def test_close_spools_what_is_still_in_memory(tmp_path: Path) -> None:
     writer.start()
     writer.append(record(0))
     await writer.close(drain_s=0.05)  # no spool: the record is lost, and said so
-    spooled = LedgerWriter(store, clock=SystemClock(), metrics=GatewayMetrics(), spool=Spool(tmp_path))
+    spooled = LedgerWriter(
+        store, clock=SystemClock(), metrics=GatewayMetrics(), spool=Spool(tmp_path, max_bytes=MAX_BYTES)
+    )
     for i in range(3):
         spooled.append(record(i))
     await spooled.close(drain_s=0.0)  # never started: everything is still queued in memory
-    assert [r.request_id for r in Spool(tmp_path).pending(100)[0]] == ["req-0", "req-1", "req-2"]
+    assert [r.request_id for r in Spool(tmp_path, max_bytes=MAX_BYTES).pending(100)[0]] == ["req-0", "req-1", "req-2"]
 
 
 _CHILD = textwrap.dedent(
@@ -150,11 +156,12 @@ _CHILD = textwrap.dedent(
     from gateway.usage.metering import LedgerWriter
     from gateway.usage.metrics import GatewayMetrics
     from gateway.usage.spool import Spool
-    from tests.gateway.test_gateway_spool import record
+    from tests.gateway.test_gateway_spool import MAX_BYTES, record
 
     async def main() -> None:
         store = RedisStore.from_url(sys.argv[2], wait_s=0.2)  # nothing listens there: an outage
-        writer = LedgerWriter(store, clock=SystemClock(), metrics=GatewayMetrics(), spool=Spool(Path(sys.argv[1])))
+        spool = Spool(Path(sys.argv[1]), max_bytes=MAX_BYTES)
+        writer = LedgerWriter(store, clock=SystemClock(), metrics=GatewayMetrics(), spool=spool)
         writer.start()
         for i in range(50):
             writer.append(record(i, tenant="alpha" if i % 3 else "beta"))
@@ -183,7 +190,12 @@ async def test_a_kill_9_during_an_outage_loses_nothing_spooled(tmp_path: Path, r
         settings = GatewaySettings(spool_dir=tmp_path)
         assert settings.spool_dir is not None
         metrics = GatewayMetrics()
-        writer = LedgerWriter(store, clock=SystemClock(), metrics=metrics, spool=Spool(settings.spool_dir))
+        writer = LedgerWriter(
+            store,
+            clock=SystemClock(),
+            metrics=metrics,
+            spool=Spool(settings.spool_dir, max_bytes=settings.spool_max_bytes),
+        )
         writer.start()
 
         async def replayed() -> bool:

@@ -26,6 +26,7 @@ from fleet.config import FleetConfig, TenantsConfig, WorkerConfig, key_digest
 from fleet.store.memory import MemoryStore
 from gateway.http.serve import GatewayServer
 from gateway.settings import GatewaySettings
+from gateway.wiring import GatewayDeps
 from workers.vllm.cpu_server import RunningServer, tiny_worker
 
 from .conftest import start_server
@@ -109,7 +110,8 @@ async def _run_arm(workers: list[WorkerConfig], *, arm: str, weight_prefix: floa
     clock = SystemClock()
     store = MemoryStore(clock=clock)
     server = GatewayServer(
-        settings, store=store, clock=clock, fleet=fleet, tenants=tenants, rng=random.Random(0), handle_signals=False
+        GatewayDeps(settings, store=store, clock=clock, fleet=fleet, tenants=tenants, rng=random.Random(0)),
+        handle_signals=False,
     )
     await server.start()
     try:

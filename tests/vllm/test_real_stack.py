@@ -33,6 +33,7 @@ from fleet.speculation import SPECULATION_PATH
 from fleet.store.memory import MemoryStore
 from gateway.http.serve import GatewayServer
 from gateway.settings import GatewaySettings
+from gateway.wiring import GatewayDeps
 from workers.vllm.cpu_server import TINY_K_MAX, TINY_MAX_NUM_SEQS, RunningServer, tiny_worker
 from workers.vllm.measure import read_counters
 
@@ -96,8 +97,11 @@ async def stack(vllm_server: RunningServer, tiny_model_dir: Path, tmp_path: Path
     clock = SystemClock()
     store = MemoryStore(clock=clock)
     gateway = GatewayServer(
-        GatewaySettings(**common, port=0, state_refresh_s=0.1, health_interval_s=0.5, health_timeout_s=0.5),
-        store=store, clock=clock, fleet=fleet, tenants=tenants, handle_signals=False,
+        GatewayDeps(
+            GatewaySettings(**common, port=0, state_refresh_s=0.1, health_interval_s=0.5, health_timeout_s=0.5),
+            store=store, clock=clock, fleet=fleet, tenants=tenants,
+        ),
+        handle_signals=False,
     )  # fmt: skip
     controller = ControllerComponent(
         ControllerSettings(
