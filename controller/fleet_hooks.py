@@ -82,9 +82,9 @@ class GearModeHook:
 class PlacementHook:
     failure = "fleet placement tick failed"
 
-    def __init__(self, placement: FleetPlacement, k_tiers: Sequence[int]) -> None:
+    def __init__(self, placement: FleetPlacement, k_tiers: Sequence[int] | None) -> None:
         self.placement = placement
-        self.k_tiers = tuple(k_tiers)
+        self.k_tiers = None if k_tiers is None else tuple(k_tiers)
 
     def sample(self, rt: WorkerRuntime) -> WorkerSample:
         return WorkerSample(

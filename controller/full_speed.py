@@ -15,7 +15,18 @@ for one is refused (400). Null (the simulator, the CPU build): every k at every 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from fleet.speculation import FullSpeed, Schedule
+
+
+def advertised_gears(k_max: int, full_speed: FullSpeed | None, k_tiers: Iterable[int] | None = None) -> tuple[int, ...]:
+    """Every gear a worker may be given: each k in 0…``k_max`` it runs at full speed at some batch size (every k
+    when it advertises nothing), restricted to the operator's ``k_tiers`` when set (issue 25: a fixed tier list
+    left k = 7 on a k_max = 7 checkpoint out of the candidates)."""
+    fast = None if full_speed is None else {k for k, _, _ in full_speed}
+    allowed = set(range(k_max + 1)) if k_tiers is None else {k for k in k_tiers if 0 <= k <= k_max}
+    return tuple(sorted(k for k in allowed if fast is None or k in fast))
 
 
 def expected_batch_size(batch: float) -> int:

@@ -31,6 +31,7 @@ from dataclasses import dataclass, replace
 from pydantic import BaseModel, ConfigDict, Field
 
 from controller.estimator import Estimate
+from controller.full_speed import advertised_gears
 from controller.metrics import ControllerMetrics
 from controller.planner import (
     ClassLoad,
@@ -100,11 +101,9 @@ class WorkerSample:
     estimate: Estimate | None
 
 
-def worker_gears(k_tiers: Iterable[int], k_max: int, full_speed: FullSpeed | None) -> tuple[int, ...]:
-    """The k a worker's pool may be given: the policy's tiers up to ``k_max`` that run at full speed at some
-    batch (every tier when the worker advertises no restriction)."""
-    fast = None if full_speed is None else {k for k, _, _ in full_speed}
-    return tuple(sorted(k for k in set(k_tiers) if k <= k_max and (fast is None or k in fast)))
+def worker_gears(k_tiers: Iterable[int] | None, k_max: int, full_speed: FullSpeed | None) -> tuple[int, ...]:
+    """The k a worker's pool may be given (``controller.full_speed.advertised_gears``)."""
+    return advertised_gears(k_max, full_speed, k_tiers)
 
 
 def obey_pool(

@@ -39,18 +39,17 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from controller.classes import slowest_al_ratio
 from controller.estimator import Estimate
-from controller.full_speed import excluded_reason
+from controller.full_speed import advertised_gears, excluded_reason
 from fleet.perf import Profile, expected_tokens_per_step, predict_step
 from fleet.speculation import FullSpeed
-
-DEFAULT_K_TIERS = (0, 1, 2, 3, 4, 6, 8)
 
 
 class PolicyConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    k_tiers: tuple[int, ...] = DEFAULT_K_TIERS
-    """The small set of k the controller moves between (intersected with each worker's 0…k_max)."""
+    k_tiers: tuple[int, ...] | None = None
+    """An operator's restriction of the k the controller moves between (None: every gear the worker advertises at
+    full speed up to its k_max, ``controller.full_speed.advertised_gears``)."""
     kv_high: float = Field(0.9, gt=0, le=1)
     """KV usage at or above which k must come down (drafts reserve KV lookahead)."""
     preemption_rate_high: float = Field(0.05, ge=0)
@@ -236,7 +235,8 @@ def decide(
     """Choose the k for one worker (pure: same inputs, same decision). ``full_speed``: what the worker advertises
     (None: every k); ``drafter_loaded``: the worker was started with its drafter (every worker it shifts is);
     ``ttft_target_s``: the tightest TTFT target of its tiers, seconds (None: none)."""
-    ks = sorted({k for k in config.k_tiers if k <= est.k_max} | {min(est.k_current, est.k_max)})
+    gears = advertised_gears(est.k_max, full_speed, config.k_tiers)
+    ks = sorted({0, *gears, min(est.k_current, est.k_max)})  # k = 0: the safe fallback is always a candidate
     risk, risk_text = _risk(est, config)
     margin = 1.0 - config.tpot_margin
 

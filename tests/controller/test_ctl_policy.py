@@ -57,7 +57,7 @@ def test_goodput_is_max_over_candidates_and_tpot_is_step_over_al(lab_profile: Pr
     for c in d.candidates:
         assert c.tpot_s == pytest.approx(c.step_s / c.accepted_length)
         assert c.goodput_tok_s == pytest.approx(8.0 * c.accepted_length / c.step_s)
-    assert [c.k for c in d.candidates] == [0, 1, 2, 3, 4, 6, 8]
+    assert [c.k for c in d.candidates] == list(range(9))
 
 
 @pytest.mark.parametrize(
@@ -221,3 +221,22 @@ def test_a_ttft_target_lowers_k_when_long_drafts_slow_the_prefill_steps(lab_prof
     unreachable = decide(est, lab_profile, tpot_target_s=None, ttft_target_s=prefill[0] / 2, config=CFG)
     assert unreachable.k == free.k, "no k meets it: k cannot help, the target is set aside"
     assert "set aside" in unreachable.reason
+
+
+def test_candidates_are_every_gear_up_to_k_max(lab_profile: Profile) -> None:
+    """Issue 25: on a k_max = 7 checkpoint, 7 is a candidate from any k, not only while it is the current k."""
+    est = make_estimate(
+        lab_profile, k_max=7, k_current=3, conditional=conditional_acceptance(lab_profile, "maths", 0)[:7]
+    )
+    d = decide(est, lab_profile, tpot_target_s=None, config=CFG)
+    assert [c.k for c in d.candidates] == list(range(8))
+
+
+def test_candidates_are_the_advertised_full_speed_gears(lab_profile: Profile) -> None:
+    """A worker advertising graphs for k ∈ {0, 2, 5, 7} (at some batch) gets those candidates and its current k."""
+    est = make_estimate(
+        lab_profile, k_max=7, k_current=3, conditional=conditional_acceptance(lab_profile, "maths", 0)[:7]
+    )
+    full_speed = ((0, 1, 64), (2, 1, 32), (5, 1, 16), (7, 1, 8))
+    d = decide(est, lab_profile, tpot_target_s=None, config=CFG, full_speed=full_speed)
+    assert [c.k for c in d.candidates] == [0, 2, 3, 5, 7]
