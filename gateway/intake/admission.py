@@ -10,7 +10,10 @@ corrects it by ``real − estimated`` so the window holds what was actually used
 When the shared store fails (a Redis outage), ``store_failure_mode`` decides: ``closed`` refuses with 503;
 ``open`` (the default) keeps serving and enforces each limit × ``local_limit_share`` in a store local to this
 process (with N replicas, a share of 1/N keeps the fleet-wide limit), settling those requests there too (their
-spend counts locally until their usage records reach the store).
+spend counts locally until their usage records reach the store). A budget is not started afresh: every answer
+from the store carries the tenant's spend (``Admission.spent_usd``), and during the outage this replica may spend
+its share of what was left of the budget at the last spend it saw; a budgeted tenant whose spend it never saw is
+refused with 503 (docs/operations/outages.md states the bound per limit).
 """
 
 from __future__ import annotations
@@ -122,6 +125,8 @@ class Admitter:
         """Concurrency key → slot ids of finished requests whose settlement has not reached the store yet."""
         self._unbilled: dict[str, float] = {}
         """Spend key → USD of finished requests whose usage record is not in the store yet."""
+        self._known_spend: dict[str, float] = {}
+        """Spend key → the spend counter (USD) the store last reported for it: the budget's base in an outage."""
 
     @classmethod
     def from_settings(
@@ -181,13 +186,30 @@ class Admitter:
             for limit in limits:  # the store has freed them
                 if isinstance(limit, SlotLimit):
                     self._released(limit.key, limit.releasing)
+            if result.spent_usd is not None and ticket.budget_key is not None:
+                self._known_spend[ticket.budget_key] = result.spent_usd
             return result
         ticket.local = True
-        local = [_scaled(limit, self._local_share()) for limit in limits]
+        share = self._local_share()
+        local = [self._local_budget(limit, share) if isinstance(limit, BudgetLimit) else _scaled(limit, share)
+                 for limit in limits]  # fmt: skip
         ticket.tpm = next(
             (w for w in local if isinstance(w, WindowLimit) and ticket.tpm and w.key == ticket.tpm.key), None
         )
         return await self._local.admit(local, now=ticket.admitted_at)
+
+    def _local_budget(self, limit: BudgetLimit, share: float) -> BudgetLimit:
+        """A budget during an outage: the last spend the store reported plus this replica's unbilled spend, against
+        that spend plus ``share`` of what was left (the local store's own counter stays 0). 503 when this replica
+        never saw the tenant's spend: it cannot know what is left."""
+        known = self._known_spend.get(limit.key)
+        if known is None:
+            raise StoreUnavailable(
+                "The shared store is away and this gateway has not seen the tenant's spend yet: the budget cannot be "
+                "checked."
+            )
+        left = max(0.0, limit.limit_usd - known)
+        return replace(limit, limit_usd=known + share * left, pending_usd=known + limit.pending_usd)
 
     def _with_local_accounting(self, limit: Limit, *, release: bool) -> Limit:
         if release and isinstance(limit, SlotLimit) and self._releasing.get(limit.key):
