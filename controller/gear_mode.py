@@ -228,9 +228,10 @@ class GearModes:
             reason = f"drain given up after {drained_for:.0f} s with {obs.in_flight} requests left"
             await self._serve_as_before(mode, now, reason)
             return
+        if mode.target is None:  # a shutdown drain (fleet.drain): its pod goes away; the next start clears it
+            return
         if drained_for < self.config.drain_grace_s or obs.in_flight != 0:
             return
-        assert mode.target is not None  # a draining record always has one
         try:
             await self.restarter.restart(
                 self.workers[mode.worker_id], drafter=mode.target is Mode.DRAFTER, reason=mode.reason

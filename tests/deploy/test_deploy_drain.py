@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from fleet.clock import ManualClock
 from fleet.config import CommonSettings
-from fleet.drain import SHUTDOWN_REASON, end_shutdown_drain, is_shutdown_drain
+from fleet.drain import SHUTDOWN_REASON, begin_shutdown_drain, end_shutdown_drain, is_shutdown_drain
 from fleet.store.factory import build_store
 from fleet.worker_mode import Mode, Phase, WorkerMode, read_modes, write_mode
 from gearshift.cli.app import app
@@ -137,3 +137,25 @@ async def test_a_drain_that_cannot_empty_the_worker_exits_1_and_a_mode_move_is_n
         assert (await read_modes(store))["w-0"] == move
     finally:
         await store.close()
+
+
+async def test_the_controller_restarts_nothing_for_a_shutdown_drain_and_lets_an_abandoned_one_lapse() -> None:
+    """A shutdown drain is no mode move: the leader's gear loop must neither restart the worker (its pod is going
+    away by itself) nor fail on the record; one that no new pod clears returns to serving after the drain timeout."""
+    from tests.controller.test_ctl_gear_mode import CONFIG, FakeRestarter, fleet, gears, obs
+
+    clock = ManualClock()
+    restarter = FakeRestarter(clock)
+    g = gears(clock, restarter, fleet())
+    await g.tick([obs("w0"), obs("w1", off_pays=False)])  # first sight: both serving with their drafter
+    record = await begin_shutdown_drain(g.store, "w0", clock=clock)
+    for _ in range(int(CONFIG.drain_timeout_s / 2) + 5):
+        clock.advance(2.0)
+        await g.tick([obs("w0"), obs("w1", off_pays=False)])
+        mode = (await read_modes(g.store))["w0"]
+        if mode.phase is not Phase.DRAINING:
+            break
+        assert restarter.calls == [], "nothing restarted for a pod that is terminating"
+    assert restarter.calls == []
+    assert mode.phase is Phase.SERVING, "an abandoned shutdown drain lapses"
+    assert clock.wall() - record.since > CONFIG.drain_timeout_s
