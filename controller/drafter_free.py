@@ -46,6 +46,9 @@ class DrafterFreeConfig(BaseModel):
     (``GatewaySettings.state_refresh_s``) so that none still sends it requests."""
     drain_timeout_s: float = Field(600.0, gt=0)
     """A drain that has not emptied the worker by then is given up (it serves again in its old mode), seconds."""
+    restart_timeout_factor: float = Field(3.0, gt=1)
+    """A restart whose supervisor has not reported the new mode within this many of the worker's restart times is
+    given up: the worker serves again in the mode it was last seen in, and the rule may move others (issue 23)."""
 
 
 class Move(StrEnum):

@@ -242,16 +242,33 @@ class GearModes:
         await self._write(mode.model_copy(update={"phase": Phase.RESTARTING, "since": now}))
 
     async def _after_restart(self, mode: WorkerMode, now: float) -> None:
+        """RESTARTING ends three ways: the supervisor reports the new mode (returning in it), reports the old one
+        (its new mode did not start: returning as before), or has not reported either within
+        ``restart_timeout_factor`` restart times (serving as before: the gateway's health checks judge it)."""
+        took = now - mode.since
+        timeout_s = self.config.restart_timeout_factor * self.restart_s.get(mode.worker_id, 0.0)
         try:
             state = await self.restarter.state(self.workers[mode.worker_id])
-        except RestartError:
-            return  # still down: a supervisor may be between processes
-        if state.restarting or state.drafter != (mode.target is Mode.DRAFTER):
+        except RestartError as exc:  # down: a supervisor may be between processes, or gone
+            if took > timeout_s:
+                await self._serve_as_before(mode, now, f"restart not back after {took:.0f} s ({exc})")
+            return
+        if state.restarting:
+            if took > timeout_s:
+                await self._serve_as_before(mode, now, f"restart not back after {took:.0f} s (still restarting)")
             return
         assert mode.target is not None
+        if state.drafter != (mode.target is Mode.DRAFTER):
+            old = Mode.DRAFTER if state.drafter else Mode.DRAFTER_FREE
+            log.warning("worker %s: restart fell back to %s after %.0f s", mode.worker_id, old.value, took)
+            s = self._stretch[mode.worker_id]
+            s.k0_since = s.spec_pays_since = None  # the stretch starts again: no drain straight after a failed one
+            reason = f"restart fell back to {old.value} after {took:.0f} s"
+            update = {"mode": old, "phase": Phase.RETURNING, "target": None, "since": now, "reason": reason}
+            await self._write(mode.model_copy(update=update))
+            return
         s = self._stretch[mode.worker_id]
         s.k0_since = s.spec_pays_since = None
-        took = now - mode.since
         await self._write(
             WorkerMode(
                 worker_id=mode.worker_id,
