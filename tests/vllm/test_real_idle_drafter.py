@@ -63,7 +63,9 @@ def test_at_k0_the_skip_runs_no_drafter_and_greedy_outputs_equal_the_server_with
     for n in (1, BATCH):
         assert run.outputs_equal("skip", n)
         assert run.tax("skip", n).drafts == 0
-    assert "idle-drafter skip on the V1 runner: DraftModelSkip" in Path(servers["log"]).read_text()
+    log = Path(servers["log"]).read_text()
+    assert "idle-drafter skip on the V1 runner: DraftModelSkip" in log
+    assert "idle-drafter skip: first step without a drafter forward" in log
 
 
 def test_after_k_returns_the_caught_up_drafter_is_accepted_as_on_a_batch_that_never_left(
@@ -77,3 +79,4 @@ def test_after_k_returns_the_caught_up_drafter_is_accepted_as_on_a_batch_that_ne
     assert back.rate is not None
     assert back.counters.drafts > 0
     assert back.rate >= 0.98 * never.rate
+    assert "idle-drafter catch-up: replayed" in Path(servers["log"]).read_text()

@@ -12,13 +12,15 @@ What the skip changes, for the two methods it knows (others keep stock behaviour
 already "run only the state-keeping first pass"):
 
 - ``ngram``: at k = 0 nothing runs (it has no state: it reads the token ids every step).
-- ``draft_model``: at k = 0, on a step that verifies no drafts, only the bookkeeping the runner needs for its next
-  step runs (``prepare_next_token_ids_padded`` and ``_copy_valid_sampled_token_count``, as vLLM does itself when
-  the input does not fit the drafter); the step's token ids and positions (device tensors, already exact under
-  async scheduling, where the CPU copies hold placeholders) are stashed. The first step at k > 0 replays every
-  stashed position of each request in one batched drafter forward (a prefill of the hole, chunked to the token
-  budget) before drafting, so the drafter's KV is what it would have been. Cost: one drafter prefill of the
-  positions skipped, once per return to k > 0, against one drafter forward per step on every skipped step.
+- ``draft_model``: at k = 0, on a step that verifies no drafts (the step where k drops still verifies the
+  previous step's; vLLM builds ``SpecDecodeMetadata`` with zero drafts on the others), only the bookkeeping the
+  runner needs for its next step runs (``prepare_next_token_ids_padded`` and
+  ``_copy_valid_sampled_token_count``, as vLLM does itself when the input does not fit the drafter), and the
+  step's token ids and positions are stashed (device tensors, exact under async scheduling, where the CPU
+  copies hold placeholders). The first step at k > 0 replays every stashed position of each request in one
+  batched drafter forward (a prefill of the hole, chunked to the token budget) before drafting, so the
+  drafter's KV is what it would have been. Cost: one drafter prefill of the positions skipped, once per return
+  to k > 0, against one drafter forward per step on every skipped step.
 """
 
 from __future__ import annotations
@@ -64,7 +66,7 @@ class DraftModelSkip:
     def propose(self, original: Original, runner: Any, args: tuple[Any, ...]) -> Any:
         scheduler_output, sampled_token_ids = args[0], args[1]
         spec_decode_metadata, common_attn_metadata = args[6], args[7]
-        if scheduler_output.num_spec_tokens_to_schedule == 0 and spec_decode_metadata is None:
+        if scheduler_output.num_spec_tokens_to_schedule == 0 and not verifies_drafts(spec_decode_metadata):
             return self._skip(runner, scheduler_output, sampled_token_ids)
         if self.lag:  # a step that verifies drafts, or the first at k > 0: the drafter must see every position
             self._catch_up(runner, common_attn_metadata)
@@ -86,6 +88,8 @@ class DraftModelSkip:
             runner._get_positions(num_tokens).clone(),
         )
         self._skips += 1
+        if self._skips == 1:
+            log.info("gearshift: idle-drafter skip: first step without a drafter forward (k = 0)")
         if self._skips % _PRUNE_EVERY == 0:
             self._prune(runner)
         return torch.empty((num_reqs, 0), dtype=torch.int64, device=runner.device)
@@ -104,7 +108,10 @@ class DraftModelSkip:
         with torch.inference_mode():
             for forward in pack(due, max_tokens=drafter.max_num_tokens):
                 self._replay(drafter, common_attn_metadata, forward)
-        self.replayed_tokens += sum(c.length for c in due)
+        replayed = sum(c.length for c in due)
+        self.replayed_tokens += replayed
+        if due:
+            log.info("gearshift: idle-drafter catch-up: replayed %d positions of %d requests", replayed, len(due))
         self._prune(runner)
 
     def _replay(self, drafter: Any, cad: Any, forward: list[tuple[CatchUp, int, int]]) -> None:
@@ -162,6 +169,12 @@ class DraftModelSkip:
             drafter.model(
                 input_ids=drafter.input_ids[:num_tokens], positions=drafter.positions[:num_tokens], inputs_embeds=None
             )
+
+
+def verifies_drafts(spec_decode_metadata: Any) -> bool:
+    """The step verifies at least one draft token. vLLM 0.32 builds ``SpecDecodeMetadata`` on every step of a
+    speculating engine, with ``num_draft_tokens`` all 0 when there are none."""
+    return spec_decode_metadata is not None and any(spec_decode_metadata.num_draft_tokens)
 
 
 def skip_for(runner: Any) -> NgramSkip | DraftModelSkip | None:
