@@ -51,6 +51,12 @@ def single_scope(names: Iterable[str]) -> None:
         raise ScopeMismatch(f"one store call must keep to one limit scope, got {sorted(scopes)}")
 
 
+SCHEMA_VERSION = 1
+"""Version of the key layout and record formats under a prefix (issue 27): a store written by a newer gearshift
+(a higher version) is refused at start rather than misread; an older one is upgraded by ``RedisStore.verify``.
+Raise it with every change that an older gearshift would misread, with the upgrade step beside it."""
+
+
 class KeyLayout:
     """Physical Redis keys under ``prefix``."""
 
@@ -68,6 +74,14 @@ class KeyLayout:
     def ledger(self, tenant: str, part: str) -> str:
         """``part``: ``stream`` (append order), ``index`` (by time), ``rollup`` or ``ids`` (request ids)."""
         return f"{self._p}{{t:{tenant}}}:ledger:{part}"
+
+    @property
+    def prefix(self) -> str:
+        return self._p
+
+    def schema(self) -> str:
+        """The prefix's ``SCHEMA_VERSION`` (a string of digits)."""
+        return f"{self._p}{{schema}}:version"
 
     def ledger_tenants(self) -> str:
         return f"{self._p}{{ledger}}:tenants"

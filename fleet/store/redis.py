@@ -44,7 +44,15 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from fleet.store import lua
 from fleet.store import window as win
 from fleet.store.cancel import cancellation_safe, cancelling_now, checks_own_cancellation, raise_if_cancelled_since
-from fleet.store.keys import KeyLayout, StoreMisconfigured, scope_of, settled_key, single_scope, spend_key
+from fleet.store.keys import (
+    SCHEMA_VERSION,
+    KeyLayout,
+    StoreMisconfigured,
+    scope_of,
+    settled_key,
+    single_scope,
+    spend_key,
+)
 from fleet.store.ledger import ROLLUP_SIZES_S
 from fleet.store.memory import key_record, record_order, sort_keys
 from fleet.store.protocol import (
@@ -168,21 +176,31 @@ class _Script:
         raise_if_cancelled_since(task, before, self._name)
         return reply
 
-    async def many(self, calls: Sequence[tuple[Sequence[str], Sequence[str]]]) -> None:
+    async def many(self, calls: Sequence[tuple[Sequence[str], Sequence[str]]]) -> list[Any]:
         """Run the script once per (keys, args) in ``calls`` in one pipeline (not a transaction: on a cluster the
-        calls may live on different nodes); raise the first error after every call was tried."""
+        calls may live on different nodes); raise the first error after every call was tried. Returns the replies,
+        in order."""
         task, before = cancelling_now()
         async with self._client.pipeline(transaction=False) as pipe:
             for keys, args in calls:
                 pipe.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
             replies: list[Any] = await pipe.execute(raise_on_error=False)
-        for (keys, args), reply in zip(calls, replies, strict=True):
+        for i, ((keys, args), reply) in enumerate(zip(calls, replies, strict=True)):
             if isinstance(reply, NoScriptError):
-                await self._execute("EVAL", self._text, len(keys), *keys, *args)
+                replies[i] = await self._execute("EVAL", self._text, len(keys), *keys, *args)
         raise_if_cancelled_since(task, before, self._name)
-        failed = [r for r in replies if isinstance(r, Exception) and not isinstance(r, NoScriptError)]
+        failed = [r for r in replies if isinstance(r, Exception)]
         if failed:
             raise failed[0]
+        return replies
+
+
+def _admission(limits: Sequence[Limit], reply: list[Any]) -> Admission:
+    spent = float(reply[-1]) if reply[-1] != "" else None
+    if int(reply[0]) == 1:
+        return Admission(allowed=True, spent_usd=spent)
+    tripped = limits[int(reply[1]) - 1].key
+    return Admission(allowed=False, tripped=tripped, retry_after_s=float(reply[2]), spent_usd=spent)
 
 
 @cancellation_safe
@@ -309,22 +327,27 @@ class RedisStore:
     async def admit(self, limits: Sequence[Limit], *, now: float) -> Admission:
         if not limits:
             return Admission(allowed=True)
+        keys, args = self._admit_call(limits, now)
+        return _admission(limits, await self._admit(keys=keys, args=args))
+
+    @checks_own_cancellation
+    async def admit_many(self, calls: Sequence[tuple[Sequence[Limit], float]]) -> list[Admission]:
+        todo = [(limits, self._admit_call(limits, now)) for limits, now in calls if limits]
+        replies = iter(await self._admit.many([call for _, call in todo]) if todo else [])
+        return [_admission(limits, next(replies)) if limits else Admission(allowed=True) for limits, _ in calls]
+
+    def _admit_call(self, limits: Sequence[Limit], now: float) -> tuple[list[str], list[str]]:
         single_scope(lim.key for lim in limits)
         args = [_num(now), str(win.BUCKETS_PER_WINDOW), _num(win.SLOT_RETRY_AFTER_S), self._clock_flag]
         keys = [self._keys.limit(lim.key) for lim in limits]
         for lim in limits:
             args += _limit_args(lim)
-        for lim in limits:  # after the limits, so a refusal's index still names one of them
+        for i, lim in enumerate(limits):  # after the limits, so a refusal's index still names one of them
             if isinstance(lim, SlotLimit):
                 for slot_id in lim.releasing:
-                    keys.append(keys[limits.index(lim)])
+                    keys.append(keys[i])
                     args += ["r", slot_id, "", ""]
-        reply: list[Any] = await self._admit(keys=keys, args=args)
-        spent = float(reply[-1]) if reply[-1] != "" else None
-        if int(reply[0]) == 1:
-            return Admission(allowed=True, spent_usd=spent)
-        tripped = limits[int(reply[1]) - 1].key
-        return Admission(allowed=False, tripped=tripped, retry_after_s=float(reply[2]), spent_usd=spent)
+        return keys, args
 
     @checks_own_cancellation
     async def settle(
@@ -581,6 +604,7 @@ class RedisStore:
         try:
             if isinstance(self._redis, RedisCluster):
                 await self._redis.initialize()
+                await self._check_schema()
                 return
             info = await self._redis.info("cluster")
         except RedisClusterException as exc:
@@ -596,6 +620,26 @@ class RedisStore:
             raise StoreMisconfigured(
                 "GEARSHIFT_REDIS_URL is a Redis Cluster node: set GEARSHIFT_REDIS_CLUSTER=true "
                 "(a plain client would fail every call that lands on another node)"
+            )
+        await self._check_schema()
+
+    async def _check_schema(self) -> None:
+        """Claim the prefix for this ``SCHEMA_VERSION`` if it has none; refuse a newer one; upgrade an older one
+        (no layout before version 1 needs a step). An unreachable store passes (the failure mode handles it)."""
+        key = self._keys.schema()
+        try:
+            await self._redis.set(key, str(SCHEMA_VERSION), nx=True)
+            found = int(await self._redis.get(key) or SCHEMA_VERSION)
+            if found < SCHEMA_VERSION:
+                await self._redis.set(key, str(SCHEMA_VERSION))
+        except (RedisError, OSError):
+            return
+        if found > SCHEMA_VERSION:
+            raise StoreMisconfigured(
+                f"the store under prefix {self._keys.prefix!r} has schema version {found}, newer than this "
+                f"gearshift's {SCHEMA_VERSION}: a newer gearshift wrote it. Upgrade this process (gateways and "
+                "controllers may run one minor version apart only if they share a schema version), or give it "
+                "another GEARSHIFT_KEY_PREFIX"
             )
 
     async def ping(self) -> bool:
