@@ -133,7 +133,7 @@ class GatewayRouter(Router):
         """Prompt tokens routed to ``worker`` whose first token has not come out yet: everything routed there
         less the engine's prompt-token counter (which counts a prompt at its first token)."""
         routed = self._routed_prompt_tokens.get(worker.worker_id, 0)
-        return max(0, routed - worker.engine.stats.prompt_tokens)
+        return max(0, routed - worker.engine.prompt_tokens)
 
     def choose(self, workers: Sequence[VirtualWorker], spec: RequestSpec) -> int:
         tier = self._tiers.get(spec.tag, self._default_tier)

@@ -238,6 +238,11 @@ class EngineCore:
         return bool(self._running) or len(self._waiting) > 0
 
     @property
+    def prompt_tokens(self) -> int:
+        """``stats.prompt_tokens`` without refreshing every gauge (the lab's router reads it per request)."""
+        return self._stats.prompt_tokens
+
+    @property
     def stats(self) -> EngineStats:
         s = self._stats
         s.running = len(self._running)
