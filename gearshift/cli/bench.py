@@ -61,6 +61,13 @@ def policies(
     remeasure: Annotated[
         bool, typer.Option(help="Measure every capacity again instead of reading policies-capacity.json.")
     ] = False,
+    idle_drafter: Annotated[
+        str,
+        typer.Option(
+            help="The k = 0 tax the workers pay, and the controller believes: 'stock' (vLLM's own, the profile's "
+            "k0_tax) or 'plugin' (the gearshift plugin's idle-drafter skip, k0_tax_plugin). Use another --out."
+        ),
+    ] = "stock",
 ) -> None:
     """Compare static k, vLLM's batch-size table, a threshold gate, every lab policy and the oracle, per profile."""
     from bench.policy import report, targets
@@ -68,14 +75,17 @@ def policies(
     from bench.policy.scenario import load_scenarios
     from bench.policy.suite import family_profiles, run_family
     from fleet.config import ConfigError
-    from fleet.perf import load_profile
+    from fleet.perf import IdleDrafterMode, load_profile
 
     try:
+        mode = IdleDrafterMode(idle_drafter) if idle_drafter in set(IdleDrafterMode) else None
+        if mode is None:
+            raise ConfigError(f"--idle-drafter: 'stock' or 'plugin', got {idle_drafter!r}")
         scenarios = load_scenarios(scenario_dir, scenario or None)
         if profiles is not None and profiles != "all":
             raise ConfigError(f"--profiles: only 'all' is accepted, got {profiles!r}; name one with --profile")
         names = family_profiles() if profiles == "all" else (profile or sorted({s.profile for s in scenarios}))
-        family = [load_profile(n) for n in names]
+        family = [load_profile(n).with_idle_drafter(mode) for n in names]
     except ConfigError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
