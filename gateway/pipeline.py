@@ -242,8 +242,9 @@ class Call:
         meter = self.endpoint.meter(self.req)
         try:
             error = await relay.stream(
-                hold, meter, send, guard, headers=headers, clock=gw.clock, idle_timeout_s=gw.settings.idle_timeout_s
-            )
+                hold, meter, send, guard, headers=headers, clock=gw.clock, idle_timeout_s=gw.settings.idle_timeout_s,
+                total_timeout_s=gw.settings.stream_timeout_s,
+            )  # fmt: skip
         except BaseException as exc:  # the client went away: account (``_meter`` never suspends)
             await self._meter(hold, _status_of(exc), usage=meter.usage, stream=meter)
             raise

@@ -36,6 +36,8 @@ class GatewaySettings(CommonSettings):
     """Streaming: the longest gap between two chunks before the stream is declared dead."""
     request_timeout_s: Seconds = 900.0
     """Non-streaming: the whole response."""
+    stream_timeout_s: Seconds = 900.0
+    """Streaming: the whole stream after its first byte; past it the stream ends with an error event and ``[DONE]``."""
     max_retries: Annotated[int, Field(ge=0, le=8)] = 2
     """Further workers tried when one fails before its first byte (connect error, 5xx, timeout)."""
     upstream_pool_size: Annotated[int, Field(gt=0)] = 1024
@@ -198,6 +200,12 @@ class GatewaySettings(CommonSettings):
     """Failed console logins one client address may make within ``console_login_window_s`` before it must wait."""
     console_login_window_s: Seconds = 60.0
     """The window over which ``console_login_failures`` are counted, seconds."""
+
+    def slot_ttl_s(self) -> float:
+        """The longest a request holds its concurrency slot, seconds: a minute past the longest a request may run
+        (``request_timeout_s``, or ``first_byte_timeout_s`` + ``stream_timeout_s``), so a slot never expires under a
+        live request, and a crashed gateway's slots still free themselves."""
+        return max(self.request_timeout_s, self.first_byte_timeout_s + self.stream_timeout_s) + 60.0
 
     def admin_credentials(self) -> dict[str, str]:
         """Every admin key by its id: ``admin`` for ``GEARSHIFT_ADMIN_KEY``, then the named ones."""

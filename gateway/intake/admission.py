@@ -52,8 +52,11 @@ class Ticket:
     settled: bool = False
 
 
-def tenant_limits(tenant: TenantConfig, *, request_id: str, tokens: int) -> tuple[list[Limit], Ticket]:
-    """The limits of one request by ``tenant`` reserving ``tokens`` (estimated) against its TPM."""
+def tenant_limits(
+    tenant: TenantConfig, *, request_id: str, tokens: int, slot_ttl_s: float = 600.0
+) -> tuple[list[Limit], Ticket]:
+    """The limits of one request by ``tenant`` reserving ``tokens`` (estimated) against its TPM; its concurrency slot
+    expires after ``slot_ttl_s`` unless released (``GatewaySettings.slot_ttl_s``)."""
     limits: list[Limit] = []
     if tenant.rpm is not None:
         limits.append(WindowLimit(key=f"rpm:{tenant.id}", cost=1, limit=tenant.rpm))
@@ -62,7 +65,9 @@ def tenant_limits(tenant: TenantConfig, *, request_id: str, tokens: int) -> tupl
         limits.append(tpm)
     slot = None
     if tenant.max_concurrency is not None:
-        slot = SlotLimit(key=f"concurrency:{tenant.id}", slot_id=request_id, limit=tenant.max_concurrency)
+        slot = SlotLimit(
+            key=f"concurrency:{tenant.id}", slot_id=request_id, limit=tenant.max_concurrency, ttl_s=slot_ttl_s
+        )
         limits.append(slot)
     budget_key = spend_key(tenant.id)
     if tenant.budget_usd is not None:
@@ -112,6 +117,7 @@ class Admitter:
         failure_mode: Literal["open", "closed"] = "open",
         local_share: float | Callable[[], float] = 1.0,
         concurrency_grace_s: float = 0.0,
+        slot_ttl_s: float = 600.0,
     ) -> None:
         self._store = store
         self._clock = clock
@@ -120,6 +126,7 @@ class Admitter:
         self._local_share = local_share if callable(local_share) else _constant(local_share)
         """The share of each limit enforced here during an outage (``gateway.intake.replicas``: 1 / replicas)."""
         self._grace_s = concurrency_grace_s
+        self._slot_ttl_s = slot_ttl_s
         self._local = MemoryStore(clock=clock)
         self._releasing: dict[str, set[str]] = {}
         """Concurrency key → slot ids of finished requests whose settlement has not reached the store yet."""
@@ -140,11 +147,12 @@ class Admitter:
     ) -> Admitter:
         """The admitter of ``settings``, enforcing ``replicas``' local share of each limit during an outage."""
         return cls(store, clock=clock, metrics=metrics, failure_mode=settings.store_failure_mode,
-                   local_share=replicas.share, concurrency_grace_s=settings.concurrency_grace_s)  # fmt: skip
+                   local_share=replicas.share, concurrency_grace_s=settings.concurrency_grace_s,
+                   slot_ttl_s=settings.slot_ttl_s())  # fmt: skip
 
     async def admit(self, tenant: TenantConfig, *, request_id: str, tokens: int) -> Ticket:
         """Reserve every limit of ``tenant`` or raise ``RateLimited`` / ``BudgetExceeded`` naming the limit."""
-        limits, ticket = tenant_limits(tenant, request_id=request_id, tokens=tokens)
+        limits, ticket = tenant_limits(tenant, request_id=request_id, tokens=tokens, slot_ttl_s=self._slot_ttl_s)
         if not limits:
             return ticket
         ticket.admitted_at = self._clock.wall()

@@ -95,26 +95,32 @@ async def stream(
     headers: Sequence[tuple[bytes, bytes]],
     clock: Clock,
     idle_timeout_s: float,
+    total_timeout_s: float = float("inf"),
 ) -> GatewayError | None:
     """Send the response head (with ``headers``) and the worker's events as they complete, up to its
     ``[DONE]`` (held back: the caller ends the stream). Returns None at ``[DONE]``, or the failure that ended
-    the stream early: nothing for ``idle_timeout_s`` seconds, a broken connection, or an end without
-    ``[DONE]``."""
+    the stream early: nothing for ``idle_timeout_s`` seconds, more than ``total_timeout_s`` seconds in all, a broken
+    connection, or an end without ``[DONE]``."""
     await send({"type": "http.response.start", "status": 200, "headers": [*SSE_HEADERS, *headers]})
     guard.answering = True
     content, worker, request_id = hold.response.content, hold.worker.id, hold.request_id
     streaming = "The upstream worker failed while streaming"
     chunk = hold.first_chunk
+    deadline = clock.monotonic() + total_timeout_s
     while True:
         out = meter.feed(chunk, clock.monotonic())
         if out:
             await send({"type": "http.response.body", "body": out, "more_body": True})
         if meter.done:
             return None
+        left = deadline - clock.monotonic()
         try:
-            async with asyncio.timeout(idle_timeout_s):
+            async with asyncio.timeout(min(idle_timeout_s, max(left, 0.0))):
                 chunk = await content.readany()
         except TimeoutError:
+            if left <= idle_timeout_s:
+                summary = f"The stream ran past its limit of {total_timeout_s:g} s"
+                return UpstreamTimeout(f"worker {worker}: stream too long", request_id=request_id, summary=summary)
             summary = f"The upstream worker sent nothing for {idle_timeout_s:g} s while streaming"
             return UpstreamTimeout(f"worker {worker} went idle", request_id=request_id, summary=summary)
         except (aiohttp.ClientError, OSError) as exc:
