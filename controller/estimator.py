@@ -11,11 +11,12 @@
   (a property of the workload: the prefill work a step carries grows with the tokens it emits, so a higher k
   that finishes requests in fewer steps also brings their successors' prompts sooner).
 - **Step time**: a multiplicative correction of the profile's step time, EWMA of observed/predicted over busy
-  windows; also one per k (``step_correction_by_k``), forgotten ``position_max_age`` windows after that k last
-  ran: a profile whose shape in (B, k) is wrong (the other profile of the family) needs a different factor at
-  each k, which one scalar learned at the current k cannot give. The observed step time is window length /
-  engine steps (the count of ``vllm:iteration_tokens_total``) — vLLM exports no busy-time counter, so windows
-  with idle time are skipped. On a worker that adapts its verification (``adaptive``), the prediction is at the
+  windows; also one per k and batch band (``step_correction_by_k``, ``batch_band``), forgotten
+  ``correction_max_age`` windows after that k last ran there, a k not measured taking the nearest measured k's:
+  a profile whose shape in (B, k) is wrong (the other profile of the family) needs a different factor at each k,
+  which one scalar learned at the current k cannot give. The observed step time is window length / engine steps
+  (the count of ``vllm:iteration_tokens_total``) — vLLM exports no busy-time counter, so windows with idle time
+  are skipped. On a worker that adapts its verification (``adaptive``), the prediction is at the
   mean verified length (``predict_adaptive_step``), not at the cap.
 """
 
@@ -43,6 +44,9 @@ class EstimatorConfig(BaseModel):
     position_max_age: int = Field(15, ge=1)
     """Windows after which a position not drafted since (at or above the k in force) counts as unobserved and
     follows the shifted prior, so a workload shift seen at the low positions reaches the high ones."""
+    correction_max_age: int = Field(60, ge=1)
+    """Windows a k's own step-time correction is kept after that k last ran: long enough to outlast the interval
+    between neighbour probes (``StabiliserConfig.neighbour_probe_s``), which measure it."""
     correction_bounds: tuple[float, float] = (0.05, 20.0)
     """Clamp of the step-time correction (wide enough for simulated workers running up to 20× real time)."""
 
@@ -81,12 +85,26 @@ class Estimate:
     """The worker's engine chooses per step how many drafts to verify (``k_current`` is a cap)."""
     verified_per_draft: float | None = None
     """Mean drafts verified per drafting request-step in the last window (None without drafts)."""
+    fresh_gears: tuple[int, ...] = ()
+    """The k that ran at the current ``batch_band`` in the last ``position_max_age`` windows."""
     step_correction_by_k: tuple[tuple[int, float], ...] = ()
-    """``(k, correction)`` for the k that ran in the last ``position_max_age`` windows."""
+    """``(k, correction)`` for the k that ran at the current ``batch_band`` in the last ``correction_max_age``
+    windows."""
 
     def correction_for(self, k: int) -> float:
-        """The step-time correction at draft length ``k``: its own if it ran recently, else ``step_correction``."""
-        return next((c for kk, c in self.step_correction_by_k if kk == k), self.step_correction)
+        """The step-time correction at draft length ``k``: its own if it ran recently, else that of the nearest k
+        that did (the lower on a tie), else ``step_correction``. A profile whose shape in k is wrong is corrected
+        by what the nearest measured gear shows, not by the factor learned at a gear far away (issue 25: learned
+        at k = 0 and carried to every k > 0, it kept a model that overstates the drafter's cost from ever
+        predicting a k > 0 that pays)."""
+        if not self.step_correction_by_k:
+            return self.step_correction
+        return min(self.step_correction_by_k, key=lambda kc: (abs(kc[0] - k), kc[0]))[1]
+
+    def observed_gear(self, k: int) -> bool:
+        """Whether ``k`` ran at this batch band in the last ``position_max_age`` windows (its step time is fresh
+        evidence, not a memory to be re-measured)."""
+        return k in self.fresh_gears
 
 
 def predict_adaptive_step(
@@ -112,6 +130,12 @@ def predict_adaptive_step(
     low = at(lo)
     target = low.target_s if frac <= 0 else low.target_s + frac * (at(lo + 1).target_s - low.target_s)
     return StepTime(target_s=target, drafter_s=at(cap).drafter_s)
+
+
+def batch_band(batch: float) -> int:
+    """The half-octave of a mean decode batch (…, 45-64 → 12, 64-90 → 13, …): a k's step-time correction is kept
+    per band, since a profile's error in the drafter's cost need not be the same at batch 8 as at 512."""
+    return round(2 * math.log2(max(batch, 1.0)))
 
 
 def _ewma(old: float | None, new: float, alpha: float) -> float:
@@ -145,8 +169,9 @@ class WorkerEstimator:
     adaptive: bool = False
     """Set by the loop from the worker's ``gearshift_worker_adaptive_verification`` gauge."""
     verified_per_draft: float | None = None
-    correction_by_k: dict[int, tuple[float, int]] = field(default_factory=dict)
-    """k → (EWMA of observed/predicted step time at that k, the window count when it last ran)."""
+    correction_by_k: dict[tuple[int, int], tuple[float, int]] = field(default_factory=dict)
+    """(k, ``batch_band``) → (EWMA of observed/predicted step time at that k and batch, the window count when it
+    last ran there)."""
 
     def __post_init__(self) -> None:
         self.drafts_at = self.drafts_at or [0.0] * self.k_max
@@ -198,8 +223,11 @@ class WorkerEstimator:
         lo, hi = self.config.correction_bounds
         ratio = min(max(observed / predicted, lo), hi)
         self.correction = _ewma(self.correction, ratio, self.config.alpha)
-        old = self.correction_by_k.get(w.k)
-        self.correction_by_k[w.k] = (_ewma(old[0] if old else None, ratio, self.config.alpha), self.windows)
+        key = (w.k, batch_band(w.decode_batch))
+        old = self.correction_by_k.get(key)
+        if old is not None and self.windows - 1 - old[1] > self.config.position_max_age:
+            old = None  # a memory older than fresh evidence (a ramp's windows, say) is replaced, not averaged in
+        self.correction_by_k[key] = (_ewma(old[0] if old else None, ratio, self.config.alpha), self.windows)
 
     def _predicted_adaptive_s(self, w: Window) -> float | None:
         """The profiled step time of an adaptive window, at its mean verified length (None: not adaptive)."""
@@ -245,6 +273,7 @@ class WorkerEstimator:
 
     def estimate(self, *, stale: bool = False, stale_for_s: float = 0.0) -> Estimate:
         conditional, observed = self.conditional()
+        band = batch_band(self.batch or 0.0)
         return Estimate(
             worker_id=self.worker_id,
             k_current=self.k_current,
@@ -267,11 +296,18 @@ class WorkerEstimator:
             class_mix=self.class_mix(),
             adaptive=self.adaptive,
             verified_per_draft=self.verified_per_draft,
+            fresh_gears=tuple(
+                sorted(
+                    k
+                    for (k, b), (_, seen) in self.correction_by_k.items()
+                    if b == band and self.windows - seen <= self.config.position_max_age
+                )
+            ),
             step_correction_by_k=tuple(
                 sorted(
                     (k, c)
-                    for k, (c, seen) in self.correction_by_k.items()
-                    if self.windows - seen <= self.config.position_max_age
+                    for (k, b), (c, seen) in self.correction_by_k.items()
+                    if b == band and self.windows - seen <= self.config.correction_max_age
                 )
             ),
         )

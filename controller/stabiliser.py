@@ -10,6 +10,13 @@ A pure step function ``stabilise(state, decision, estimate, now) -> (state, acti
 5. **Probe due**: every ``probe_interval_s`` below k_max, if the policy predicts k_max costs at most
    ``probe_max_loss`` of goodput and meets the TPOT target — positions above the current k are unobservable
    otherwise.
+5b. **Neighbour probe** (issue 25): holding a gear whose neighbour (the next advertised gear up or down) has no
+   step time measured at this batch band, run the neighbour for ``probe_s``, whatever the model predicts for it
+   — a model that believes every k > 0 loses at a large batch would otherwise never be corrected there. The cost
+   is bounded, not the prediction: probes of a neighbour predicted to lose ``L`` of goodput are spaced at least
+   ``L · probe_s / probe_budget`` apart (and ``neighbour_probe_s``), so they spend at most ``probe_budget`` of
+   the predicted goodput; the reason names the prediction and the cost. Not on an adaptive worker (its engine
+   explores under the cap itself).
 6. **Normal**: a recommendation counts only if its predicted gain exceeds ``gain_threshold``; after
    ``min_dwell_s`` at the current k, go up when the last ``up_ticks`` recommendations were all higher (to the
    lowest of them), down when the last ``down_ticks`` were all lower (to the highest of them).
@@ -40,6 +47,10 @@ class StabiliserConfig(BaseModel):
     """How long a probe holds k_max: at least two ticks (the window that contains the switch is discarded)."""
     probe_max_loss: float = Field(0.25, ge=0, le=1)
     collapse_reprobe_s: float = Field(60.0, gt=0)
+    neighbour_probe_s: float = Field(30.0, gt=0)
+    """Least seconds between two neighbour probes of one worker."""
+    probe_budget: float = Field(0.02, gt=0, le=1)
+    """Share of the predicted goodput neighbour probes may spend (predicted loss × probe time / interval)."""
     stale_hold_s: float = Field(10.0, ge=0)
     conservative_k: int = Field(1, ge=0)
     """The k a worker whose metrics stay stale is set to: small enough to cost little at any load."""
@@ -71,6 +82,7 @@ class StabiliserState:
     probe_until_s: float | None = None
     last_probe_s: float = 0.0
     reprobe_at_s: float | None = None
+    last_neighbour_probe_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +98,7 @@ class Action:
 
 def initial_state(k: int, now: float) -> StabiliserState:
     """State for a worker first seen at ``now`` running ``k`` (its first probe is one interval away)."""
-    return StabiliserState(k=k, since_s=now, last_probe_s=now)
+    return StabiliserState(k=k, since_s=now, last_probe_s=now, last_neighbour_probe_s=now)
 
 
 def _switch(
@@ -124,7 +136,7 @@ def stabilise(
         if decision.risk is Risk.COLLAPSE:
             new = replace(new, reprobe_at_s=now + cfg.collapse_reprobe_s)
         return new, action
-    probe = _probe(state, decision, est, now, cfg)
+    probe = _probe(state, decision, est, now, cfg) or _neighbour_probe(state, decision, est, now, cfg)
     if probe is not None:
         return probe
     return _normal(state, decision, now, cfg)
@@ -153,6 +165,39 @@ def _probe(
         reprobe_at_s=None,
     )  # fmt: skip
     return new, Action(est.k_max, ActionKind.PROBE, why)
+
+
+def _neighbour_probe(
+    state: StabiliserState, decision: Decision, est: Estimate, now: float, cfg: StabiliserConfig
+) -> tuple[StabiliserState, Action] | None:
+    if decision.risk is not Risk.NONE or decision.k != state.k or now - state.since_s < cfg.min_dwell_s:
+        return None
+    if est.adaptive:
+        return None  # the engine already tries every verification length under the cap, step by step
+    cur = decision.candidate(state.k)
+    if cur is None or cur.goodput_tok_s <= 0:
+        return None
+    gears = sorted(c.k for c in decision.candidates if c.allowed and c.full_speed)
+    if state.k not in gears:
+        return None
+    at = gears.index(state.k)
+    sides = [gears[i] for i in (at - 1, at + 1) if 0 <= i < len(gears)]
+    unmeasured = [c for k in sides if not est.observed_gear(k) and (c := decision.candidate(k)) is not None]
+    unmeasured = [c for c in unmeasured if c.feasible or not cur.feasible]
+    if not unmeasured:
+        return None
+    pick = max(unmeasured, key=lambda c: (c.goodput_tok_s, c.k))
+    loss = max(0.0, 1.0 - pick.goodput_tok_s / cur.goodput_tok_s)
+    interval = max(cfg.neighbour_probe_s, loss * cfg.probe_s / cfg.probe_budget)
+    if now - state.last_neighbour_probe_s < interval:
+        return None
+    why = (
+        f"neighbour probe: k={pick.k} predicted {pick.goodput_tok_s:.0f} tok/s ({-loss:+.0%} vs k={state.k}) "
+        f"at B={est.batch:.0f} but never measured at this batch; cost ≤ {loss * cfg.probe_s / interval:.1%} "
+        f"of goodput ({cfg.probe_s:.0f} s every {interval:.0f} s)"
+    )
+    new = replace(state, k=pick.k, since_s=now, history=(), probe_until_s=now + cfg.probe_s, last_neighbour_probe_s=now)
+    return new, Action(pick.k, ActionKind.PROBE, why)
 
 
 def _normal(

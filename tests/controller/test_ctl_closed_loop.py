@@ -43,7 +43,9 @@ async def test_load_ramp_up_turns_speculation_off_and_back(lab_profile: Profile)
     ]
     trace = await run_phases(lab_profile, phases)
     assert min(settled_k(trace, 40)) >= 6, "low load: a high k"
-    assert settled_k(trace, 120) == [0] * 5, "64 streams: speculation stops paying in the lab profile"
+    heavy = settled_k(trace, 120)
+    assert heavy[-1] == 0, "64 streams: speculation stops paying in the lab profile"
+    assert set(heavy) <= {0, 1}, "at most a bounded probe of the neighbouring gear (issue 25)"
     assert min(settled_k(trace, 200)) >= 6, "load gone: back to a high k"
     assert max_switches_per_minute(trace) <= 8
 

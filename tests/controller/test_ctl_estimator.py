@@ -149,3 +149,32 @@ def test_no_windows_gives_the_prior(lab_profile: Profile) -> None:
     assert e.windows == 0
     assert e.drafts_seen == 0
     assert e.conditional == pytest.approx(conditional_acceptance(lab_profile, lab_profile.default_workload, 0))
+
+
+def test_a_gear_not_measured_takes_the_nearest_measured_gear_at_this_batch(lab_profile: Profile) -> None:
+    """Issue 25: the correction learned at k = 0 is not carried to every k when k = 1 was measured, and what was
+    measured at batch 8 does not stand for batch 64."""
+    rng = random.Random(3)
+    truth = conditional_acceptance(lab_profile, "maths", 1000)
+    est = WorkerEstimator("w0", lab_profile, 8, EstimatorConfig(alpha=1.0))
+    est.update(synthetic_window(lab_profile, rng, k=0, batch=8, truth=truth, slowdown=2.0))
+    est.update(synthetic_window(lab_profile, rng, k=1, batch=8, truth=truth, slowdown=0.5))
+    e = est.estimate()
+    assert e.correction_for(0) == pytest.approx(2.0, rel=1e-6)
+    assert e.correction_for(3) == pytest.approx(0.5, rel=1e-6), "the nearest measured gear, k = 1"
+    assert e.fresh_gears == (0, 1)
+    est.update(synthetic_window(lab_profile, rng, k=1, batch=64, truth=truth, slowdown=0.8))
+    wide = est.estimate()
+    assert wide.fresh_gears == (1,), "at batch 64 only k = 1 was measured"
+
+
+def test_a_stale_memory_of_a_gear_is_replaced_by_fresh_evidence(lab_profile: Profile) -> None:
+    rng = random.Random(4)
+    truth = conditional_acceptance(lab_profile, "maths", 1000)
+    cfg = EstimatorConfig(alpha=0.3, position_max_age=3)
+    est = WorkerEstimator("w0", lab_profile, 8, cfg)
+    est.update(synthetic_window(lab_profile, rng, k=1, batch=8, truth=truth, slowdown=3.0))
+    for _ in range(5):
+        est.update(synthetic_window(lab_profile, rng, k=0, batch=8, truth=truth))
+    est.update(synthetic_window(lab_profile, rng, k=1, batch=8, truth=truth, slowdown=0.5))
+    assert est.estimate().correction_for(1) == pytest.approx(0.5, rel=1e-6)

@@ -14,6 +14,8 @@ from fleet.perf import Profile
 
 from .ctl_helpers import make_estimate
 
+MEASURED = tuple(range(9))
+"""Every gear's step time measured at the estimate's batch: no neighbour probe is due."""
 CFG = StabiliserConfig(up_ticks=3, down_ticks=2, min_dwell_s=10, probe_interval_s=60, probe_s=4, gain_threshold=0.05)
 TICK = 2.0
 
@@ -78,7 +80,7 @@ def test_collapse_then_reprobe_later(lab_profile: Profile) -> None:
     state, actions = run(lab_profile, initial_state(6, 0.0), [decision(0, risk=Risk.COLLAPSE)])
     assert actions == [(0, ActionKind.FAST_DOWN)]
     assert state.reprobe_at_s == pytest.approx(100.0 + CFG.collapse_reprobe_s)
-    est = make_estimate(lab_profile, k_current=0, accepted_length=None)
+    est = make_estimate(lab_profile, k_current=0, accepted_length=None, fresh_gears=MEASURED)
     early, a1 = stabilise(state, decision(0), est, 130.0, CFG)
     assert a1.kind is ActionKind.HOLD
     probing, a2 = stabilise(early, decision(0, goodput={0: 100.0, 8: 10.0}), est, 161.0, CFG)
@@ -104,7 +106,7 @@ def test_periodic_probe_only_when_affordable(lab_profile: Profile) -> None:
 
 def test_no_probe_into_a_missed_tpot_target(lab_profile: Profile) -> None:
     state = initial_state(2, 0.0)
-    est = make_estimate(lab_profile, k_current=2)
+    est = make_estimate(lab_profile, k_current=2, fresh_gears=MEASURED)
     cands = tuple(Candidate(k, 0.01, 0.009, 0.001, 1.0, 100.0, 0.01, feasible=k < 8, allowed=True) for k in (2, 4, 8))
     d = Decision("w0", 2, cands, overloaded=False, risk=Risk.NONE, gain=0.0, reason="k=8 misses the target")
     _, a = stabilise(state, d, est, 61.0, CFG)
@@ -147,3 +149,31 @@ def test_pure(lab_profile: Profile) -> None:
     state = replace(initial_state(4, 0.0), history=(6, 6))
     est = make_estimate(lab_profile)
     assert stabilise(state, decision(6), est, 30.0, CFG) == stabilise(state, decision(6), est, 30.0, CFG)
+
+
+def test_a_neighbour_the_model_writes_off_is_probed_at_a_bounded_cost(lab_profile: Profile) -> None:
+    """Issue 25: holding k = 0 at a large batch where the model predicts k = 1 loses 48 %, the neighbour is still
+    measured, once per ``L · probe_s / probe_budget`` seconds; once measured at this batch, it is not probed."""
+    d = decision(0, gain=0.0, goodput={0: 100.0, 1: 52.0, 2: 50.0})
+    est = make_estimate(lab_profile, k_current=0, batch=512.0, fresh_gears=(0,))
+    state = initial_state(0, 0.0)
+    spacing = 0.48 * CFG.probe_s / CFG.probe_budget
+    _, early = stabilise(state, d, est, spacing - 1.0, CFG)
+    assert early.kind is ActionKind.HOLD
+    probing, a = stabilise(state, d, est, spacing + 1.0, CFG)
+    assert (a.k, a.kind) == (1, ActionKind.PROBE)
+    assert "k=1 predicted 52 tok/s (-48% vs k=0)" in a.reason
+    assert "never measured" in a.reason
+    ended, end = stabilise(probing, decision(1), replace(est, k_current=1), spacing + 1.0 + CFG.probe_s, CFG)
+    assert end.k == 1, "measured faster than predicted: the policy keeps it"
+    assert ended.probe_until_s is None
+    measured = replace(est, fresh_gears=(0, 1))
+    _, later = stabilise(state, d, measured, 10 * spacing, CFG)
+    assert later.kind is ActionKind.HOLD
+
+
+def test_a_neighbour_predicted_to_lose_little_is_probed_sooner(lab_profile: Profile) -> None:
+    d = decision(2, gain=0.0, goodput={1: 80.0, 2: 100.0, 3: 97.0})
+    est = make_estimate(lab_profile, k_current=2, fresh_gears=(2,))
+    _, a = stabilise(initial_state(2, 0.0), d, est, CFG.neighbour_probe_s + 1.0, CFG)
+    assert (a.k, a.kind) == (3, ActionKind.PROBE), "the unmeasured neighbour with the higher prediction"
