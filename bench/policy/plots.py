@@ -12,7 +12,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from bench.policy.frontier import FRONTIER_SCENARIO
-from bench.policy.suite import CONTROLLER, SuiteResult, static_name
+from bench.policy.suite import CONTROLLER, FLEET_PLACEMENT, SuiteResult, static_name
 
 
 def plot_goodput(result: SuiteResult, path: Path) -> None:
@@ -101,5 +101,32 @@ def plot_k_over_time(result: SuiteResult, path: Path) -> None:
         ax.set_title(f"{n}: gearshift controller", fontsize=9)
     axes[-1][0].set_xlabel("virtual seconds")
     axes[0][0].legend(fontsize=7, loc="upper left")
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def plot_plan_over_time(result: SuiteResult, scenario: str, path: Path) -> None:
+    """The fleet plan on ``scenario``: each worker's k (the plan's gear, or its per-worker loop's) over time
+    against the fleet's load (requests running + waiting), phase boundaries marked."""
+    m = result.runs[scenario, FLEET_PLACEMENT]
+    sc = next(s for s in result.scenarios if s.name == scenario)
+    fig, ax = plt.subplots(figsize=(10, 3.2), constrained_layout=True)
+    load_ax = ax.twinx()
+    for w in sorted({t.worker for t in m.ticks}):
+        ts = [t for t in m.ticks if t.worker == w]
+        ax.step([t.t_s for t in ts], [t.k for t in ts], where="post", label=f"k, worker {w}")
+    by_t: dict[float, int] = {}
+    for t in m.ticks:
+        by_t[t.t_s] = by_t.get(t.t_s, 0) + t.running + t.waiting
+    load_ax.plot(list(by_t), list(by_t.values()), color="grey", alpha=0.5, lw=0.8, label="fleet requests")
+    for phase, start, _ in sc.phase_bounds():
+        ax.axvline(start, color="black", lw=0.6, ls=":")
+        ax.text(start, 8.1, phase.name, fontsize=7)
+    ax.set_ylim(-0.5, 8.5)
+    ax.set_ylabel("k")
+    load_ax.set_ylabel("running + waiting (fleet)")
+    ax.set_xlabel("virtual seconds")
+    ax.set_title(f"{scenario} on {result.profile}: {FLEET_PLACEMENT}, every worker with its drafter", fontsize=9)
+    ax.legend(fontsize=7, loc="upper left")
     fig.savefig(path, dpi=90)
     plt.close(fig)

@@ -8,12 +8,15 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from bench.markdown import fmt, pct, table
-from bench.policy import placement_report
+from bench.policy import placement_report, plan_report
 from bench.policy import plots as plotting
 from bench.policy.frontier import FRONTIER_SCENARIO, MATCHED_SPEEDS, frontier_points, throughput_at
 from bench.policy.run_metrics import RunMetrics
 from bench.policy.suite import CONTROLLER, SuiteResult
 from bench.policy.targets import checks, settled_k, summary_rows
+
+PLAN_KEY = "_references_and_targets"
+"""``policies.json``'s key for issue 25's references and targets, per profile (beside the scenario keys)."""
 
 
 def _targets_section(result: SuiteResult) -> list[str]:
@@ -90,7 +93,7 @@ HEADER = (
     "Every policy runs on workers started with their drafter, so a k = 0 step (static k=0, or a controller's "
     "off) pays the profile's idle-drafter tax (`fleet.perf.IdleDrafterTax`, ASSUMED: +6.5 % → +21.6 % step "
     "time with the batch); `no-drafter` is k = 0 on workers started without speculation, the reference only a "
-    "drafter-free gear reaches (not an oracle candidate)."
+    "drafter-free gear reaches (an oracle candidate since issue 25: a switch to or from it pays restart_s)."
 )
 
 DEFINITIONS = (
@@ -102,10 +105,11 @@ DEFINITIONS = (
     "for that phase's mix on that profile: the highest Poisson rate at which the best static k keeps every "
     "tier's SLA at ≥ 99 % without a growing backlog, found by bisection in virtual time "
     "(`bench/policy/load.py`). Definitions of every figure are in `bench/policy/run_metrics.py`; baselines and "
-    "the oracle in `bench/policy/suite.py`; targets in `bench/policy/targets.py`. The oracle reference is the "
-    "better of the oracle's own run (best static k per phase, switched at the phase boundaries) and the best "
-    "single static k; *where speculation does not pay* means a phase in which k=0 had strictly the highest "
-    "goodput of the static k."
+    "the oracle in `bench/policy/suite.py`; targets in `bench/policy/targets.py` and `bench/policy/plan_targets.py`. "
+    "The oracle is a hindsight plan (`bench/policy/references.py`): per phase the best of every static k, "
+    "`vllm-table` and `no-drafter`, restarts charged; `oracle-k` is the run of the best static k per phase, "
+    "switched at the phase boundaries; *where speculation does not pay* means a phase in which k=0 had "
+    "strictly the highest goodput of the static k."
 )
 
 
@@ -124,6 +128,7 @@ def render(results: Mapping[str, SuiteResult], *, command: str, plots: Mapping[s
         skipped = f" Not run here: {', '.join(result.skipped)} (`Scenario.fits`)." if result.skipped else ""
         lines += [f"## Profile {name}", "", f"Recipe default: `{result.recipe}`.{skipped}", ""]
         lines += _targets_section(result)
+        lines += plan_report.section(result, plots[name].get(plan_report.PLAN_PLOT))
         lines += placement_report.section(result)
         lines += _capacity_lines(result)
         lines += _figures_section(result, plots[name])
@@ -264,8 +269,13 @@ def write(results: Mapping[str, SuiteResult], out_dir: Path, *, command: str) ->
         plotting.plot_frontier(result, out_dir / mine["frontier"])
         plotting.plot_cost(result, out_dir / mine["cost"])
         plotting.plot_k_over_time(result, out_dir / mine["k_over_time"])
+        if any(sc.name == plan_report.SURGE for sc in result.scenarios):
+            mine[plan_report.PLAN_PLOT] = f"policies-{name}-plan-surge.png"
+            plotting.plot_plan_over_time(result, plan_report.SURGE, out_dir / mine[plan_report.PLAN_PLOT])
         plots[name] = mine
-    (out_dir / "policies.json").write_text(json.dumps(summary_json(results), indent=1, sort_keys=True) + "\n")
+    summary: dict[str, object] = dict(summary_json(results))
+    summary[PLAN_KEY] = {name: plan_report.summary_json(result) for name, result in results.items()}
+    (out_dir / "policies.json").write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
     path = out_dir / "policies.md"
     path.write_text(render(results, command=command, plots=plots))
     return path

@@ -140,6 +140,9 @@ class Scenario(_Strict):
     follow_oracle: bool = False
     """The controller's settled k must follow the oracle's per phase: off where the oracle is off, on where it
     is on (``bench.policy.targets.T_FOLLOW``)."""
+    plan_gain: bool = False
+    """A scenario where the fleet plan must gain ≥ 1.10× what an operator already has (the day-long and the
+    steady-batch scenarios of issue 25; ``bench.policy.plan_targets.T_GAIN``)."""
     tiers: dict[str, TierConfig] = Field(
         default_factory=lambda: {
             "interactive": TierConfig(priority=0, ttft_target_s=2.0, tpot_target_s=0.05),

@@ -19,7 +19,15 @@ idle-drafter tax (``fleet.perf.IdleDrafterTax``). ``no-drafter`` is the referenc
 started without speculation, what an operator who never speculates deploys. It is reported beside the others and
 is not a candidate of the oracle (the oracle switches k, which needs the drafter).
 
-The oracle runs after the static runs: for each phase, the static k with the highest goodput in that phase.
+The k oracle (``oracle-k``) runs after the static runs: for each phase, the static k with the highest goodput in
+that phase. The honest references of issue 25 are composed from the measured runs afterwards
+(``bench.policy.references``): ``oracle`` (per phase the best of every static k, the tuned table and
+``no-drafter``, a switch to or from ``no-drafter`` paying ``restart_s``) and ``best-fleet-plan`` (the same with
+the best static placement), each at restart costs of 0.25×, 1× and 3× the profile's.
+
+Issue 24's idle-drafter modes: every policy runs on the ``stock`` tax (vLLM's own behaviour); the controller and
+k = 0 run again on the ``plugin`` term (``fleet.perf.IdleDrafterMode``, ``Profile.with_idle_drafter``), named
+``gearshift@plugin`` and ``k=0@plugin``.
 
 Issue 13's baselines come last (``bench.policy.placement``): ``best-uniform-static`` is the best static k's run
 under that name; on every mixed-tier scenario with two or more workers the best static placement is searched in
@@ -37,13 +45,13 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
 from importlib import resources
 
-from bench.policy import load, placement
+from bench.policy import load, placement, references
 from bench.policy.capacity import MixPoint, best_k, max_batch, throughput
 from bench.policy.lab import mix_point, run_policy
-from bench.policy.policies import LAB_POLICIES, LabPolicy, PhaseOracle, StaticSchedule
+from bench.policy.policies import LAB_POLICIES, ControllerPolicy, LabPolicy, PhaseOracle, StaticSchedule
 from bench.policy.run_metrics import RunMetrics, summarise
 from bench.policy.scenario import Scenario
-from fleet.perf import Profile, load_profile
+from fleet.perf import IdleDrafterMode, Profile, load_profile
 
 BASE_KS: tuple[int, ...] = (0, 1, 2, 4)
 """Static k run on every profile, besides its k_max."""
@@ -51,6 +59,18 @@ TABLE_BANDS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128)
 GATE_MIN_GAIN = 0.10
 CONTROLLER = "gearshift"
 ORACLE = "oracle"
+"""The composite reference (``bench.policy.references``): per phase the best of static k, table and no-drafter."""
+ORACLE_K = "oracle-k"
+"""The run of the per-phase best static k (``PhaseOracle``)."""
+BEST_FLEET_PLAN = "best-fleet-plan"
+TABLE = "vllm-table"
+ADAPTIVE = "adaptive"
+CONTROLLER_ADAPTIVE = "gearshift+adaptive"
+PLUGIN_SUFFIX = "@plugin"
+PLUGIN_CONTROLLER = CONTROLLER + PLUGIN_SUFFIX
+PLUGIN_K0 = "k=0" + PLUGIN_SUFFIX
+OPERATOR = ("best-uniform-static", TABLE, "no-drafter")
+"""What an operator already has without gearshift (issue 25): the best of these is the bar."""
 NO_DRAFTER = "no-drafter"
 BEST_UNIFORM = "best-uniform-static"
 BEST_PLACEMENT = "best-static-placement"
@@ -103,7 +123,7 @@ def vllm_table(profile: Profile, scenario: Scenario) -> StaticSchedule:
             rows[-1][1] = hi
         else:
             rows.append([lo, hi, k])
-    return StaticSchedule("vllm-table", tuple((a, b, k) for a, b, k in rows))
+    return StaticSchedule(TABLE, tuple((a, b, k) for a, b, k in rows))
 
 
 def threshold_gate(profile: Profile, scenario: Scenario) -> StaticSchedule:
@@ -143,8 +163,17 @@ def oracle_ks(scenario: Scenario, statics: Sequence[RunMetrics]) -> dict[str, in
     return out
 
 
+def plugin_policies(profile: Profile) -> list[LabPolicy]:
+    """The policies run again on the plugin's idle-drafter term (named ``…@plugin``)."""
+    view = profile.with_idle_drafter(IdleDrafterMode.PLUGIN)
+    k0 = StaticSchedule(PLUGIN_K0, ((1, 1_000_000, 0),))
+    return [k0, ControllerPolicy(name=PLUGIN_CONTROLLER, believed=view)]
+
+
 def _run_one(scenario: Scenario, policy: LabPolicy) -> RunMetrics:
     profile = load_profile(scenario.profile)
+    if policy.name.endswith(PLUGIN_SUFFIX):
+        profile = profile.with_idle_drafter(IdleDrafterMode.PLUGIN)
     return summarise(run_policy(scenario, policy, profile=profile), profile)
 
 
@@ -174,6 +203,13 @@ class SuiteResult:
     """scenario → the best static placement the hindsight search found (mixed-tier scenarios)."""
     knees: dict[str, float] = field(default_factory=dict)
     """scenario → the measured knee, requests/s (single-phase mixed-tier scenarios of ≥ 4 workers)."""
+    refs: dict[tuple[str, str, float], references.Reference] = field(default_factory=dict)
+    """(scenario, reference name, restart scale) → the hindsight plan (``bench.policy.references``)."""
+    restart_s: float = 0.0
+    """The profile's ``serving.restart_s`` (the 1× of the references' restart costs)."""
+
+    def reference(self, scenario: str, name: str, scale: float = 1.0) -> references.Reference:
+        return self.refs[scenario, name, scale]
 
     @property
     def recipe(self) -> str:
@@ -186,7 +222,8 @@ class SuiteResult:
             if p not in seen:
                 seen.append(p)
         order = [static_name(k) for k in self.static_ks]
-        order += ["vllm-table", "gate", NO_DRAFTER, *LAB_POLICIES, ORACLE, BEST_UNIFORM, BEST_PLACEMENT]
+        order += [TABLE, "gate", NO_DRAFTER, *LAB_POLICIES, PLUGIN_K0, PLUGIN_CONTROLLER, ORACLE_K, BEST_UNIFORM]
+        order += [BEST_PLACEMENT]
         return sorted(seen, key=lambda p: order.index(p) if p in order else len(order))
 
 
@@ -208,7 +245,9 @@ def run_family(
     results: dict[str, SuiteResult] = {}
     bound: list[Scenario] = []
     for profile in profiles:
-        result = SuiteResult([], profile=profile.name, static_ks=static_ks(profile))
+        result = SuiteResult(
+            [], profile=profile.name, static_ks=static_ks(profile), restart_s=profile.serving.restart_s or 0.0
+        )
         for sc in scenarios:
             if sc.fits(profile):
                 bound.append(sc.on(profile))
@@ -238,7 +277,7 @@ def run_family(
         sc = load.resolve(raw_sc, by_key)
         result.scenarios.append(sc)
         result.capacities[sc.name] = {p.name: by_key[load.mix_key(raw_sc, p)] for p in load.load_phases(raw_sc)}
-        policies = baseline_policies(load_profile(sc.profile), sc)
+        policies = baseline_policies(load_profile(sc.profile), sc) + plugin_policies(load_profile(sc.profile))
         result.baselines[sc.name] = {
             p.name: str([list(r) for r in p.rows]) for p in policies if isinstance(p, StaticSchedule)
         }
@@ -250,10 +289,24 @@ def run_family(
             statics = [result.runs[sc.name, static_name(k)] for k in result.static_ks]
             choice = oracle_ks(sc, statics)
             result.oracle_choice[sc.name] = choice
-            second.append((sc, PhaseOracle(ORACLE, choice)))
+            second.append((sc, PhaseOracle(ORACLE_K, choice)))
     _execute(second, results, processes, progress)
     _placement_stage(results, processes, progress, capacity_cache)
+    for result in results.values():
+        compose_references(result)
     return results
+
+
+def compose_references(result: SuiteResult) -> None:
+    """``oracle`` and ``best-fleet-plan`` for every scenario at every restart scale (module docstring)."""
+    oracle_over = [*(static_name(k) for k in result.static_ks), TABLE, NO_DRAFTER]
+    fleet_over = [*oracle_over, BEST_PLACEMENT]
+    for sc in result.scenarios:
+        for scale in references.RESTART_SCALES:
+            restart_s = result.restart_s * scale
+            for name, over in ((ORACLE, oracle_over), (BEST_FLEET_PLAN, fleet_over)):
+                runs = [result.runs[sc.name, p] for p in over if (sc.name, p) in result.runs]
+                result.refs[sc.name, name, scale] = references.best_plan(name, runs, restart_s=restart_s)
 
 
 def _knee_key(sc: Scenario) -> str:

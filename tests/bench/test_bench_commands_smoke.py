@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from bench.gateway.targets import CommandLauncher
 from bench.markdown import parse_table
+from bench.policy.report import PLAN_KEY
 from gearshift.cli.app import app
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -46,8 +47,8 @@ def test_bench_policies_smoke(tmp_path: Path) -> None:
     tp16, mi355x = "kimi-k3-dspark-tp16", "kimi-k3-dspark-mi355x-tp8"
     header, rows = parse_table(md, f"### Goodput table — {tp16}")
     assert header == ["scenario", "k=0", "k=1", "k=2", "k=4", "k=7", "vllm-table", "gate", "no-drafter", "gearshift",
-                      "adaptive", "gearshift+adaptive", "fleet-placement", "oracle", "best-uniform-static",
-                      "best-static-placement"]  # fmt: skip
+                      "adaptive", "gearshift+adaptive", "fleet-placement", "k=0@plugin", "gearshift@plugin",
+                      "oracle-k", "best-uniform-static", "best-static-placement"]  # fmt: skip
     assert [r[0] for r in rows] == ["phase-shift"], "the MI355X-only sweep is not run on tp16"
     _, rows = parse_table(md, f"### Goodput table — {mi355x}")
     assert [r[0] for r in rows] == ["phase-shift", "random-sweep-mi355x"]
@@ -56,13 +57,25 @@ def test_bench_policies_smoke(tmp_path: Path) -> None:
         assert header == ["target", "scenario", "figure", "status"]
         assert {r[0] for r in rows} >= {"≥ 97 % of the oracle's goodput", "never > 3 % below the best static k"}
         assert all(r[3] in ("met", "**not met**") for r in rows)
+        header, rows = parse_table(md, f"### Targets of issues 25 and 24 — {profile}")
+        assert [r[0] for r in rows][:4] == [
+            "fleet plan ≥ 0.98× best of {best uniform static, vllm-table, no-drafter}",
+            "fleet plan ≥ 1.10× that best (day-long, steady-batch)",
+            "fleet plan ≥ 97 % of best-fleet-plan",
+            "gearshift+adaptive ≥ 0.99× adaptive",
+        ]
+        _, rows = parse_table(md, f"### Honest references (issue 25) — {profile}")
+        assert "phase-shift" in [r[0] for r in rows]
     header, rows = parse_table(md, f"#### phase-shift table — {tp16}")
     assert header[:3] == ["policy", "goodput tok/s", "throughput tok/s"]
     model_cost = header.index("$/Mtok (cost model)")
     assert all(float(r[model_cost].replace(",", "")) > 0 for r in rows), "the controller's cost model prices every run"
-    assert len(rows) == 15
+    assert len(rows) == 17
     summary = json.loads((tmp_path / "policies.json").read_text())
-    assert set(summary) == {"phase-shift", "random-sweep-mi355x"}
+    assert set(summary) == {"phase-shift", "random-sweep-mi355x", PLAN_KEY}
+    plan = summary[PLAN_KEY][tp16]
+    assert {"phase-shift/oracle@1x", "phase-shift/best-fleet-plan@3x"} <= set(plan["references"])
+    assert {c["scenario"] for c in plan["targets"]} >= {"phase-shift", "phase-shift @ 0.25× restart"}
     assert set(summary["random-sweep-mi355x"]) == {mi355x}
     run = summary["phase-shift"][tp16]["gearshift"]
     assert set(run) >= {"goodput_tok_s", "throughput_tok_s", "backlog_requests", "sla_attainment",

@@ -24,6 +24,8 @@ BUILT_IN = {
     "mixed-tiers",
     "placement-knee-mi355x",
     "placement-knee-tp16",
+    "plan-steady-batch",
+    "plan-surge",
     "placement-surge-mi355x",
     "placement-surge-tp16",
     "phase-shift",
@@ -32,6 +34,7 @@ BUILT_IN = {
     "random-sweep-mi355x",
     "step-load",
     "straddle",
+    "swing-maths-mi355x",
 }
 
 
@@ -58,6 +61,13 @@ def test_built_in_scenarios_load_and_cover_the_issue() -> None:
         assert is_mixed_tier(sc), name
         assert sc.profiles is not None, name
         assert len(sc.profiles) == 1, name
+    surge = scenarios["plan-surge"]  # issue 25: the load triples in one step, far faster than any restart
+    rates = [p.arrival.load for p in surge.phases if p.arrival.kind == "poisson"]
+    assert rates[1] == pytest.approx(3 * rates[0])
+    assert scenarios["plan-steady-batch"].plan_gain
+    assert is_mixed_tier(scenarios["plan-steady-batch"])
+    for name in ("plan-surge", "plan-steady-batch"):
+        assert set(scenarios[name].profiles or ()) == {"kimi-k3-dspark-tp16", "kimi-k3-dspark-mi355x-tp8"}, name
 
 
 def _write(tmp_path: Path, name: str, body: str) -> Path:
