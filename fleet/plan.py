@@ -7,13 +7,20 @@ is ``"<tier>/<workload>"`` (``traffic_class``); a pool may also list ``"<tier>/*
 A plan is *fresh* for ``ttl_s`` seconds after ``issued_at``; past that, readers ignore it (the gateway routes
 on load alone, the loops choose their own k). The store keeps a plan document for ``STORE_TTL_FACTOR`` × its
 TTL, so that ``gearshift controller explain`` can still show a stale plan for what it was.
+
+Issue 25 extends each pool with its drafter mode (``drafter``: loaded or off, a restart apart), a k cap for the
+worker loops (``k_cap``), per-worker concurrency caps (``worker_caps``) and the forecast it was planned for
+(``forecast``, per traffic class). Compatibility with older gateways, whose records forbid unknown fields: a plan
+is stored with its default-valued fields left out (``publish_plan``), so one that uses none of the new fields
+reads as before; one that does is refused by an older reader, which then routes on load alone (its safe path),
+never followed half-understood.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import Annotated, Final, Self
+from typing import Annotated, Final, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -50,6 +57,25 @@ def class_tier(cls: TrafficClass) -> str:
     return cls.partition("/")[0]
 
 
+DrafterMode = Literal["loaded", "off"]
+"""A worker's drafter: loaded at start (k > 0 possible) or not (started without speculation)."""
+
+
+class ClassForecast(BaseModel):
+    """The forecast load of one traffic class (``controller.forecast``), as a plan records it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    rate_rps: Annotated[float, Field(ge=0)]
+    """Expected arrival rate, requests per second."""
+    upper_rps: Annotated[float, Field(ge=0)]
+    """The error band's upper edge, requests per second: what the plan is sized for."""
+    prompt_tokens: Annotated[float, Field(ge=0)] = 0.0
+    """Mean prompt length, tokens."""
+    output_tokens: Annotated[float, Field(ge=0)] = 0.0
+    """Mean output length, tokens."""
+
+
 class PoolPlan(BaseModel):
     """One pool: a set of workers that serve a set of traffic classes at one gear."""
 
@@ -65,6 +91,14 @@ class PoolPlan(BaseModel):
     max_concurrency: Annotated[int, Field(gt=0)] | None = None
     """Requests the gateways together may have in flight on one worker of this pool (within the worker's
     ``max_num_seqs``); None leaves it uncapped."""
+    drafter: DrafterMode = "loaded"
+    """The pool's workers run with their drafter loaded, or were (re)started without it (``off``: k = 0 only)."""
+    k_cap: Annotated[int, Field(ge=0)] | None = None
+    """The most k the workers' own loops may choose (with ``k`` None); None: up to each worker's k_max."""
+    worker_caps: dict[str, Annotated[int, Field(gt=0)]] = {}
+    """Per-worker concurrency caps, overriding ``max_concurrency`` for the workers named."""
+    forecast: dict[TrafficClass, ClassForecast] = {}
+    """The load per class this pool was sized for."""
 
     @model_validator(mode="after")
     def _check(self) -> Self:
@@ -74,7 +108,17 @@ class PoolPlan(BaseModel):
                 raise ValueError(f"classes[{i}]: {cls!r} is not '<tier>/<workload>'")
         if len(set(self.workers)) != len(self.workers):
             raise ValueError(f"workers: duplicate worker id in {self.workers}")
+        if unknown := sorted(set(self.worker_caps) - set(self.workers)):
+            raise ValueError(f"worker_caps: {unknown} not in this pool's workers")
+        if self.drafter == "off" and (self.k or 0) > 0:
+            raise ValueError(f"k: {self.k} on a drafter-free pool (only k = 0 runs without a drafter)")
+        if self.k is not None and self.k_cap is not None:
+            raise ValueError("k_cap: set either a pool k or a k cap, not both")
         return self
+
+    def concurrency_cap(self, worker_id: str) -> int | None:
+        """The requests the gateways may have in flight on ``worker_id`` (None: uncapped)."""
+        return self.worker_caps.get(worker_id, self.max_concurrency)
 
     def serves(self, cls: TrafficClass) -> bool:
         """Whether this pool lists ``cls``, exactly or through its tier's ``"<tier>/*"``."""
@@ -138,8 +182,10 @@ class FleetPlan(BaseModel):
 
 
 async def publish_plan(store: Store, plan: FleetPlan) -> None:
-    """Write ``plan`` as its model's document in ``PLANS_COLLECTION`` (kept ``STORE_TTL_FACTOR`` × its TTL)."""
-    await store.put_doc(PLANS_COLLECTION, plan.model, plan.model_dump_json(), ttl_s=plan.ttl_s * STORE_TTL_FACTOR)
+    """Write ``plan`` as its model's document in ``PLANS_COLLECTION`` (kept ``STORE_TTL_FACTOR`` × its TTL), its
+    default-valued fields left out (readable by older gateways when it uses none of the newer fields)."""
+    body = plan.model_dump_json(exclude_defaults=True)
+    await store.put_doc(PLANS_COLLECTION, plan.model, body, ttl_s=plan.ttl_s * STORE_TTL_FACTOR)
 
 
 async def read_plans(store: Store) -> dict[str, FleetPlan]:

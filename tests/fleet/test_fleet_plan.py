@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -104,3 +105,45 @@ def test_pool_serves_exact_and_wildcard_classes() -> None:
     assert pool.serves("batch/anything")
     assert pool.serves("interactive/chat")
     assert not pool.serves("interactive/code")
+
+
+OLD_POOL_FIELDS = {"name", "classes", "workers", "k", "max_concurrency"}
+OLD_PLAN_FIELDS = {"model", "version", "issued_at", "ttl_s", "pools", "spill_margin", "reason", "predicted"}
+
+
+async def test_a_plan_without_the_new_fields_is_stored_as_an_older_gateway_reads_it() -> None:
+    store = MemoryStore(clock=ManualClock(T0))
+    await publish_plan(store, plan())
+    body = json.loads((await store.docs(PLANS_COLLECTION))["kimi-k3"])
+    assert set(body) <= OLD_PLAN_FIELDS
+    assert all(set(pool) <= OLD_POOL_FIELDS for pool in body["pools"])
+
+
+async def test_the_issue_25_pool_fields_round_trip() -> None:
+    store = MemoryStore(clock=ManualClock(T0))
+    pools = [
+        {"name": "fast", "classes": ["interactive/*"], "workers": ["w0", "w1"], "k_cap": 4,
+         "worker_caps": {"w1": 16}, "forecast": {"interactive/chat": {"rate_rps": 2.0, "upper_rps": 2.6}}},
+        {"name": "off", "classes": ["batch/*"], "workers": ["w2"], "k": 0, "drafter": "off"},
+    ]  # fmt: skip
+    p = plan(pools=pools)
+    await publish_plan(store, p)
+    back = (await read_plans(store))["kimi-k3"]
+    assert back == p
+    fast, off = back.pools
+    assert (fast.concurrency_cap("w0"), fast.concurrency_cap("w1")) == (None, 16)
+    assert off.drafter == "off"
+    assert fast.forecast["interactive/chat"].upper_rps == 2.6
+
+
+@pytest.mark.parametrize(
+    ("pool", "field"),
+    [
+        ({"k": 2, "drafter": "off"}, "k"),
+        ({"k": 2, "k_cap": 4}, "k_cap"),
+        ({"worker_caps": {"w9": 4}}, "worker_caps"),
+    ],
+)
+def test_pool_fields_that_contradict_each_other_are_refused(pool: dict[str, Any], field: str) -> None:
+    with pytest.raises(ValidationError, match=field):
+        PoolPlan.model_validate({"name": "p", "classes": ["batch/*"], "workers": ["w0"], **pool})
