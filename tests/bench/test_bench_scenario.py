@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from importlib import resources
 from pathlib import Path
 
 import pytest
@@ -194,3 +195,16 @@ def test_a_capacity_probe_passes_below_capacity_and_fails_far_above_it() -> None
     mix = sc.phases[0].mix
     assert load.passes(sc, mix, 0.5, 4, TP16)
     assert not load.passes(sc, mix, 60.0, 4, TP16), "an overloaded fleet misses the SLA or grows a backlog"
+
+
+def test_the_day_long_plan_scenario_outlasts_ten_restarts_on_each_profile_it_names() -> None:
+    """Issue 25: every stretch of the compressed day is longer than 10 × the profile's restart_s, and its load
+    crosses the crossover (a full batch per worker in the day, an eighth of one at night)."""
+    (day,) = load_scenarios(Path(str(resources.files("bench.policy"))) / "plan_scenarios", ["plan-day"])
+    assert day.plan_gain
+    for name in day.profiles or ():
+        profile = load_profile(name)
+        assert profile.serving.restart_s is not None, name
+        assert min(p.duration_s for p in day.phases) > 10 * profile.serving.restart_s, name
+        streams = [p.arrival.concurrency for p in day.phases if p.arrival.kind == "closed"]
+        assert max(streams) >= day.workers * profile.serving.max_num_seqs > min(streams), name
