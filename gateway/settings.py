@@ -93,6 +93,9 @@ class GatewaySettings(CommonSettings):
     """``Retry-After`` of a 503 answered because no worker is ready, seconds."""
     state_refresh_s: Seconds = 0.5
     """How often worker states and ejections are re-read from the store (never per request)."""
+    worker_state_max_age_s: Seconds = 30.0
+    """A worker state the controller published longer ago than this (``WorkerState.updated_at``) is ignored, also
+    while the store is away: the worker is then routed on its own health checks (issue 23)."""
     key_cache_ttl_s: Seconds = 5.0
     """How long a run-time API key lookup is cached; a revocation reaches other replicas within this."""
 

@@ -129,7 +129,24 @@ class WorkerPool:
 
     # ------------------------------------------------------------------------------ background loops
     async def refresh_shared(self) -> None:
-        """Re-read published worker states and ejections from the store (one tick)."""
+        """Re-read published worker states and ejections from the store (one tick). Whether the store answers or
+        not, a state older than ``worker_state_max_age_s`` stops counting and the plans' freshness is re-checked,
+        so nothing read before an outage stays in force through it."""
+        try:
+            await self._read_shared()
+        finally:
+            self._expire_states()
+            self._place()
+
+    def _expire_states(self) -> None:
+        """Forget states older than their max age; one without a time (``updated_at`` 0: its publisher does not
+        stamp it, the controller always does) is left to the store's TTL."""
+        oldest = self.clock.wall() - self.settings.worker_state_max_age_s
+        for view in self.views.values():
+            if view.state is not None and 0 < view.state.updated_at < oldest:
+                view.state = None
+
+    async def _read_shared(self) -> None:
         states = await self.store.worker_states()
         ejected = await self.store.ejected(now=self.clock.wall())
         modes = await read_modes(self.store)
@@ -139,7 +156,6 @@ class WorkerPool:
             view.state = state if state is not None and not state.stale else None
             view.mode = modes.get(view.id)
             view.ejected_until = max(ejected.get(view.id, 0.0), view.ejected_here_until)
-        self._place()
 
     def _place(self) -> None:
         """Give each view its pool under its model's plan while that plan is fresh, and export the plans."""
