@@ -297,6 +297,18 @@ def speculation_control() -> board.Dashboard:
             "every candidate at its cap (the request waits); unplanned: no fresh plan or no pool for the class."
         )
         .span(8),
+        timeseries_panel(
+            "Requests by speculation mode (req/s)",
+            query(rate_by("gearshift_gateway_speculation_requests_total", "speculation"), "{{speculation}}"),
+            unit="reqps",
+            stacked=True,
+        )
+        .description(
+            "Finished requests by their speculation mode: the tier's, or the x-gearshift-speculation header's "
+            "where the tenant may send it. off: only workers started without a drafter serve them; fast: the "
+            "highest k that meets the tier's TPOT target; auto: any worker."
+        )
+        .span(8),
         row("Acceptance"),
         timeseries_panel(
             "Accepted length (tokens per sequence per step)",

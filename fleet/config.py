@@ -17,7 +17,7 @@ from typing import Annotated, Any, Self, TypeVar
 from urllib.parse import unquote, urlsplit
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -142,11 +142,28 @@ class FleetConfig(_Strict):
 
 # ------------------------------------------------------------------------------------------- tenants file
 class SpeculationPreference(StrEnum):
+    """How the speculation scorer ranks the workers a request may use (a soft preference: ``TierConfig.prefer``)."""
+
     SPEED = "speed"
     """Per-user speed first: prefer workers running a high k with good acceptance."""
     THROUGHPUT = "throughput"
     """Cost first: indifferent to k, prefer spare capacity."""
     NEUTRAL = "neutral"
+
+
+class SpeculationMode(StrEnum):
+    """Which workers may serve a request, by how they speculate (a hard rule: ``TierConfig.speculation``, or the
+    request's ``x-gearshift-speculation`` header where its tenant may send it; ``gateway.routing.filters``)."""
+
+    AUTO = "auto"
+    """Any worker, at whatever gear the controller runs it."""
+    OFF = "off"
+    """Only workers that decode without drafts: started without a drafter (``fleet.worker_mode``)."""
+    FAST = "fast"
+    """The workers with the highest k whose predicted TPOT still meets the tier's target."""
+
+
+_LEGACY_SPECULATION = frozenset(p.value for p in SpeculationPreference)
 
 
 class TierConfig(_Strict):
@@ -155,13 +172,29 @@ class TierConfig(_Strict):
     ttft_target_s: Annotated[float, Field(gt=0)] | None = None
     tpot_target_s: Annotated[float, Field(gt=0)] | None = None
     """Target time per output token, seconds; None means no TPOT target (batch work)."""
-    speculation: SpeculationPreference = SpeculationPreference.NEUTRAL
+    speculation: SpeculationMode = SpeculationMode.AUTO
+    """Which workers may serve the tier's requests (``SpeculationMode``)."""
+    prefer: SpeculationPreference = SpeculationPreference.NEUTRAL
+    """How the speculation scorer ranks the workers it may use. Before issue 25 this was ``speculation``: a file
+    that still gives ``speculation: speed | throughput | neutral`` is read as this field (``speculation: auto``)."""
     sheddable: bool = False
     """Under overload the gateway refuses this tier's requests first (429 ``overload``) rather than keep them
     queued past their TTFT target; a tier that is not sheddable waits up to its target, then gets a 503."""
     brownout_max_tokens: Annotated[int, Field(gt=0)] | None = None
     """While the gateway's brownout is on, new requests of this tier get at most this ``max_tokens``; None
     leaves them alone."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_speculation(cls, data: Any) -> Any:
+        """``speculation: speed | throughput | neutral`` (the field before issue 25) is the soft preference now:
+        moved to ``prefer``, over any ``prefer`` given beside it, so an old file or an old admin body keeps its
+        meaning."""
+        if isinstance(data, dict) and data.get("speculation") is False:  # YAML 1.1 reads a bare `off` as false
+            data = {**data, "speculation": SpeculationMode.OFF}
+        if isinstance(data, dict) and str(data.get("speculation")) in _LEGACY_SPECULATION:
+            data = {**data, "prefer": data["speculation"], "speculation": SpeculationMode.AUTO}
+        return data
 
 
 class ApiKeyConfig(_Strict):
@@ -184,6 +217,17 @@ class TenantConfig(_Strict):
     workload: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")] | None = None
     """The workload of this tenant's requests that send no ``x-gearshift-workload`` header (``chat``, ``maths``
     …): with the tier, the request's traffic class in the fleet plan (``fleet.plan``). None: ``default``."""
+    speculation_header: tuple[SpeculationMode, ...] = ()
+    """The values of the ``x-gearshift-speculation`` request header this tenant may send (each one overrides its
+    tier's ``speculation`` for that request); empty: the header is refused (400 naming it)."""
+
+    @field_validator("speculation_header", mode="before")
+    @classmethod
+    def _bare_off(cls, value: Any) -> Any:
+        """YAML 1.1 reads a bare ``off`` as false: take it as the mode it names."""
+        if isinstance(value, list | tuple):
+            return [SpeculationMode.OFF if v is False else v for v in value]
+        return value
 
     def allows(self, model: str) -> bool:
         return "*" in self.models or model in self.models

@@ -57,6 +57,12 @@ class InvalidRequest(GatewayError):
     type = "invalid_request_error"
 
 
+class HeaderNotAllowed(InvalidRequest):
+    """A ``x-gearshift-*`` request header the tenant's policy does not let it send (``param`` names it)."""
+
+    code = "header_not_allowed"
+
+
 class BodyTooLarge(InvalidRequest):
     status = 413
     code = "body_too_large"

@@ -20,6 +20,7 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from starlette.responses import Response
 from starlette.types import Receive, Send
 
+from fleet.config import SpeculationMode
 from fleet.plan import traffic_class
 from gateway import errors
 from gateway.intake.admission import Ticket
@@ -27,6 +28,7 @@ from gateway.intake.auth import Principal
 from gateway.intake.session import request_session
 from gateway.routing.context import RouteContext
 from gateway.routing.filters.placement import request_workload
+from gateway.routing.filters.speculation import request_speculation
 from gateway.routing.pool import WorkerView
 from gateway.routing.prefix import request_blocks
 from gateway.upstream import relay
@@ -54,9 +56,11 @@ async def complete(
     headers: Sequence[tuple[bytes, bytes]] = (),
     workload_header: str | None = None,
     session_header: str | None = None,
+    speculation_header: str | None = None,
 ) -> Response | None:
     """Serve one completion request whose body ``raw`` has been read (``workload_header``: its
-    ``x-gearshift-workload``, see ``gateway.routing.placement``; ``session_header``: its ``x-gearshift-session``).
+    ``x-gearshift-workload``, see ``gateway.routing.placement``; ``session_header``: its ``x-gearshift-session``;
+    ``speculation_header``: its ``x-gearshift-speculation``, see ``gateway.routing.filters.speculation``).
     Returns the whole answer for the caller to send, or None when the answer was streamed on ``send`` (its head
     carrying ``headers``); raises a ``GatewayError`` for an error to answer instead, never once a stream has
     started. ``started`` is the clock's
@@ -67,6 +71,7 @@ async def complete(
     call = Call(gw, principal, req, endpoint, request_id, started)
     call.workload = request_workload(workload_header, principal.tenant)  # 400 for a malformed hint
     call.session = request_session(session_header)  # 400 for a malformed session id
+    call.speculation = request_speculation(speculation_header, principal.tenant, principal.tier)  # 400: not allowed
     tail = None
     with relay.DisconnectGuard(receive) as guard:  # a client that leaves cancels the call
         try:
@@ -111,6 +116,8 @@ class Call:
     """The request's workload hint (``gateway.routing.placement.request_workload``)."""
     session: str | None = None
     """The client's session id (``gateway.intake.session``), kept in the ledger for replays."""
+    speculation = SpeculationMode.AUTO
+    """The request's speculation mode (``gateway.routing.filters.speculation``), routed on and metered."""
 
     def __init__(
         self,
@@ -171,7 +178,7 @@ class Call:
                 ctx = RouteContext(
                     model=req.model, tier=self.principal.tier, now=gw.clock.wall(), prompt_tokens=req.prompt_tokens,
                     traffic_class=traffic_class(self.principal.tier_name, self.workload),
-                    plan=gw.pool.plans.get(req.model), prefix_blocks=blocks,
+                    plan=gw.pool.plans.get(req.model), prefix_blocks=blocks, speculation=self.speculation,
                 )  # fmt: skip
             else:  # routed again after queueing: the plan and the time have moved on
                 ctx = replace(ctx, now=gw.clock.wall(), plan=gw.pool.plans.get(req.model))
@@ -281,6 +288,7 @@ class Call:
             tier=self.principal.tier_name,
             workload=self.workload,
             session=self.session,
+            speculation=self.speculation.value,
             pricing=model.pricing if (model := gw.fleet.model(self.req.model)) is not None else None,
             admitted_at=ticket.granted_at,
         )

@@ -153,6 +153,9 @@ class UsageRecord(BaseModel):
     """Prompt tokens served from the worker's prefix cache (``prompt_tokens_details.cached_tokens``)."""
     session: str | None = None
     """The client's session (``x-gearshift-session``): a replay sends a session's turns closed-loop."""
+    speculation: str | None = None
+    """The request's speculation mode (``auto``, ``off`` or ``fast``: its tier's, or its ``x-gearshift-speculation``
+    header's); None in records written before issue 25."""
 
 
 class ApiKeyRecord(BaseModel):

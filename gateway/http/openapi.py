@@ -111,6 +111,35 @@ EXAMPLES = {
 """Each completion operation's example request, less its ``model``."""
 
 
+HEADER_PARAMETERS: list[dict[str, Any]] = [
+    {
+        "name": "x-gearshift-speculation",
+        "in": "header",
+        "required": False,
+        "description": "The request's speculation mode, over its tier's: off (only workers started without a "
+        "drafter), fast (the highest k that meets the tier's TPOT target) or auto. Only values the tenant's "
+        "policy lists (speculation_header) are accepted; any other gets 400 header_not_allowed.",
+        "schema": {"type": "string", "enum": ["auto", "off", "fast"]},
+    },
+    {
+        "name": "x-gearshift-workload",
+        "in": "header",
+        "required": False,
+        "description": "The request's workload (chat, maths, code …): with the tier, its traffic class in the "
+        "fleet plan. Default: the tenant's workload.",
+        "schema": {"type": "string", "pattern": "^[A-Za-z0-9_.-]{1,64}$"},
+    },
+    {
+        "name": "x-gearshift-session",
+        "in": "header",
+        "required": False,
+        "description": "The client's session id (1-128 printable ASCII characters), kept in the usage ledger.",
+        "schema": {"type": "string", "pattern": "^[\\x21-\\x7e]{1,128}$"},
+    },
+]
+"""The gateway's own request headers on the completion routes (never sent on to the worker)."""
+
+
 def _completion(operation_id: str, summary: str, body: dict[str, Any]) -> dict[str, Any]:
     """A completion operation as FastAPI would document a route with ``body`` and ``ERROR_RESPONSES``."""
     error_schema = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}
@@ -121,7 +150,8 @@ def _completion(operation_id: str, summary: str, body: dict[str, Any]) -> dict[s
             for status, r in ERROR_RESPONSES.items()
         },
     }
-    return {"post": {"summary": summary, "operationId": operation_id, **body, "responses": responses}}
+    operation = {"summary": summary, "operationId": operation_id, "parameters": HEADER_PARAMETERS, **body}
+    return {"post": {**operation, "responses": responses}}
 
 
 COMPLETION_PATHS = {

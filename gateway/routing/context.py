@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from fleet.config import TierConfig
+from fleet.config import SpeculationMode, TierConfig
 from fleet.plan import FleetPlan, TrafficClass
 from gateway.routing.pool import WorkerView
 
@@ -26,6 +26,9 @@ class RouteContext:
     """The latest fleet plan the gateway read for ``model``, fresh or not (``filters.placement`` checks)."""
     prefix_blocks: tuple[int, ...] = ()
     """Chained hashes of the prompt's leading blocks, computed once per request (``gateway.routing.prefix``)."""
+    speculation: SpeculationMode = SpeculationMode.AUTO
+    """The request's speculation mode: its ``x-gearshift-speculation`` header or its tier's
+    (``gateway.routing.filters.speculation``)."""
 
 
 class Filter(Protocol):

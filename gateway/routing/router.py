@@ -17,6 +17,7 @@ from fleet.config import FleetConfig, TenantsConfig
 from gateway.routing.context import Filter, PostPick, RouteContext, Scorer
 from gateway.routing.filters.eligibility import ELIGIBILITY, ModelFilter
 from gateway.routing.filters.placement import placement_filter
+from gateway.routing.filters.speculation import SpeculationFilter
 from gateway.routing.hooks import PrefixRecorder
 from gateway.routing.picker import rank
 from gateway.routing.pool import WorkerView
@@ -108,5 +109,7 @@ def default_router(
         scorers.append((PrefixScorer(prefix, load_factor=s.prefix_load_factor, prefill_tokens_per_slot=per_slot),
                         s.weight_prefix))  # fmt: skip
         hooks.append(PrefixRecorder(prefix))
-    filters: list[Filter] = [ModelFilter(), *ELIGIBILITY, *([placement] if placement is not None else [])]
+    filters: list[Filter] = [
+        ModelFilter(), *ELIGIBILITY, SpeculationFilter(), *([placement] if placement is not None else [])
+    ]  # the request's speculation mode is a hard rule, so before placement chooses among what is left
     return Router(filters, scorers, hooks=hooks, rng=rng)

@@ -84,10 +84,11 @@ def usage_record(
     pricing: PricingConfig | None = None,
     session: str | None = None,
     admitted_at: float | None = None,
+    speculation: str | None = None,
 ) -> UsageRecord:
     """The record of one finished request (``status``: ok, error or cancelled) that kept ``worker`` busy for
     ``busy_s`` seconds; ``arrived_at`` is the clock's monotonic time of its arrival, ``now`` the monotonic time
-    and ``wall`` Unix seconds now.
+    and ``wall`` Unix seconds now; ``speculation`` its speculation mode (``auto``, ``off``, ``fast``).
     Call it while the request still counts in ``worker.in_flight`` (the cost shares the worker among them)."""
     prompt = usage.prompt_tokens if usage else (stream.prompt_tokens if stream else 0)
     completion = usage.completion_tokens if usage else (stream.completion_tokens if stream else 0)
@@ -119,6 +120,7 @@ def usage_record(
         cached_tokens=cached,
         session=session,
         admitted_at=admitted_at,
+        speculation=speculation,
     )
 
 

@@ -39,6 +39,7 @@ QUEUED_TIME: Final = "gearshift_gateway_queued_seconds"
 SHED: Final = "gearshift_gateway_shed_requests"
 BROWNOUT: Final = "gearshift_gateway_brownout"
 PLACEMENT_ROUTES: Final = "gearshift_gateway_placement_routes"
+SPECULATION_REQUESTS: Final = "gearshift_gateway_speculation_requests"
 PLAN_VERSION: Final = "gearshift_gateway_plan_version"
 PLAN_FRESH: Final = "gearshift_gateway_plan_fresh"
 WORKER_POOL: Final = "gearshift_gateway_worker_pool"
@@ -127,6 +128,12 @@ class GatewayMetrics:
             ["model", "outcome"],
             registry=r,
         )
+        self.speculation_requests = Counter(
+            SPECULATION_REQUESTS,
+            "Completion requests finished, by speculation mode (auto, off, fast: the tier's or the request header's)",
+            ["model", "speculation"],
+            registry=r,
+        )
         self.plan_version = Gauge(PLAN_VERSION, "Version of the fleet plan last read, per model", ["model"], registry=r)
         self.plan_fresh = Gauge(PLAN_FRESH, "1 while the model's fleet plan is within its TTL", ["model"], registry=r)
         self.worker_pool = Gauge(
@@ -153,6 +160,7 @@ class GatewayMetrics:
         if record.cached_tokens:  # the part of the prompt served from the worker's prefix cache
             self.child(self.tokens, tenant, model, "cached_prompt").inc(record.cached_tokens)
         self.child(self.cost, tenant, model).inc(record.cost_usd)
+        self.child(self.speculation_requests, model, record.speculation or "auto").inc()
         self.child(self.e2e, tier).observe(duration_s)
         if record.ttft_s is not None:
             self.child(self.ttft, tier).observe(record.ttft_s)

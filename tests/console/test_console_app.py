@@ -127,10 +127,12 @@ async def test_console_actions_go_through_the_admin_api(upstreams: StartUpstream
             await client.post("/console/tenants/delta/keys/delta-k/revoke", data={"csrf": csrf})
             assert (await t.post("/v1/chat/completions", json=CHAT)).status_code == 401
         # a tier
-        r = await client.post("/console/tiers/batch", data={"csrf": csrf, "priority": "3", "speculation": "neutral"})
+        form = {"csrf": csrf, "priority": "3", "speculation": "off", "prefer": "neutral"}
+        r = await client.post("/console/tiers/batch", data=form)
         assert r.status_code == 303
         tier = next(t for t in (await api.get("/admin/v1/tiers")).json()["data"] if t["name"] == "batch")
         assert (tier["config"]["priority"], tier["config"]["sheddable"], tier["changed_by"]) == (3, False, "admin")
+        assert (tier["config"]["speculation"], tier["config"]["prefer"]) == ("off", "neutral")
         r = await client.post("/console/tiers/batch", data={"csrf": csrf, "ttft_target_s": "-2"}, follow_redirects=True)
         assert "ttft_target_s" in r.text
         actions = [e["action"] for e in (await api.get("/admin/v1/audit")).json()["data"]]

@@ -41,6 +41,11 @@ SHOWN_BY: dict[str, tuple[str, ...]] = {
         "tests/controller/test_ctl_policy.py::test_infeasible_target_maximises_per_user_speed_and_flags_overload",
     ),
     "speculation": (
+        "tests/gateway/test_gateway_speculation.py::"
+        "test_the_gateway_routes_off_to_drafter_free_workers_meters_the_mode_and_refuses_a_forbidden_header",
+        "tests/gateway/test_gateway_speculation.py::test_without_the_header_the_mode_is_the_tiers",
+    ),
+    "prefer": (
         "tests/gateway/test_gateway_routing.py::test_speculation_scorer_by_preference",
         "tests/gateway/test_gateway_routing.py::test_tiers_land_where_the_policy_says_through_the_gateway",
     ),

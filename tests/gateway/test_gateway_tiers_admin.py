@@ -44,7 +44,7 @@ async def test_a_tier_change_applies_to_the_next_request_and_is_audited(upstream
         r = await a.patch("/admin/v1/tiers/interactive", json={"priority": 3, "tpot_target_s": 0.08})
         assert r.status_code == 200, r.text
         view = r.json()
-        assert (view["config"]["priority"], view["config"]["tpot_target_s"], view["config"]["speculation"]) == (
+        assert (view["config"]["priority"], view["config"]["tpot_target_s"], view["config"]["prefer"]) == (
             3,
             0.08,
             "speed",

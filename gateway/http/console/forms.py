@@ -8,7 +8,7 @@ from typing import Any
 from urllib.parse import parse_qs
 
 TENANT_FIELDS = ("tier", "rpm", "tpm", "max_concurrency", "budget_usd", "workload")
-TIER_FIELDS = ("priority", "ttft_target_s", "tpot_target_s", "speculation", "brownout_max_tokens")
+TIER_FIELDS = ("priority", "ttft_target_s", "tpot_target_s", "speculation", "prefer", "brownout_max_tokens")
 
 
 def parse_form(body: bytes) -> dict[str, str]:

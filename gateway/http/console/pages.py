@@ -8,7 +8,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.responses import RedirectResponse, Response
 
-from fleet.config import SpeculationPreference
+from fleet.config import SpeculationMode, SpeculationPreference
 from fleet.store.protocol import UsageRecord
 from gateway.http import admin, tenants_admin, tiers_admin
 from gateway.http.console import reads, views
@@ -124,6 +124,7 @@ async def tiers(request: Request, console: ConsoleDep, session: SessionDep, gw: 
     context = {
         "tiers": views.tier_rows(configs, records, changed=[t.name for t in listed if t.changed_at_runtime]),
         "preferences": [p.value for p in SpeculationPreference],
+        "modes": [m.value for m in SpeculationMode],
         "session": session,
         **_messages(request),
     }

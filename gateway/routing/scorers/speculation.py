@@ -38,7 +38,7 @@ class SpeculationScorer:
         self._per_slot = prefill_tokens_per_slot
 
     async def __call__(self, ctx: RouteContext, workers: Sequence[WorkerView]) -> list[float]:
-        pref = ctx.tier.speculation
+        pref = ctx.tier.prefer
         if pref is SpeculationPreference.SPEED:
             scores = self._speed(ctx.tier, workers)
         elif pref is SpeculationPreference.THROUGHPUT:
