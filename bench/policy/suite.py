@@ -51,11 +51,11 @@ from bench.policy.lab import mix_point, run_policy
 from bench.policy.policies import LAB_POLICIES, ControllerPolicy, LabPolicy, PhaseOracle, StaticSchedule
 from bench.policy.run_metrics import RunMetrics, summarise
 from bench.policy.scenario import Scenario
+from fleet.fallback import tuned_table
 from fleet.perf import IdleDrafterMode, Profile, load_profile
 
 BASE_KS: tuple[int, ...] = (0, 1, 2, 4)
 """Static k run on every profile, besides its k_max."""
-TABLE_BANDS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128)
 GATE_MIN_GAIN = 0.10
 CONTROLLER = "gearshift"
 ORACLE = "oracle"
@@ -110,20 +110,9 @@ def scenario_mix(scenario: Scenario) -> MixPoint:
 
 
 def vllm_table(profile: Profile, scenario: Scenario) -> StaticSchedule:
-    """The best static k per batch-size band, adjacent equal bands merged (vLLM's table format)."""
-    mix = scenario_mix(scenario)
-    top = scenario.seqs
-    rows: list[list[int]] = []
-    bands = [b for b in TABLE_BANDS if b <= top]
-    for i, lo in enumerate(bands):
-        hi = bands[i + 1] - 1 if i + 1 < len(bands) else top
-        probe = max(lo, min(hi, round((lo * hi) ** 0.5), max_batch(profile, mix, top)))
-        k = best_k(profile, mix, probe)
-        if rows and rows[-1][2] == k:
-            rows[-1][1] = hi
-        else:
-            rows.append([lo, hi, k])
-    return StaticSchedule(TABLE, tuple((a, b, k) for a, b, k in rows))
+    """The best static k per batch-size band, adjacent equal bands merged (vLLM's table format;
+    ``fleet.fallback.tuned_table``, the tuner the worker's start-up table uses too)."""
+    return StaticSchedule(TABLE, tuned_table(profile, scenario_mix(scenario), scenario.seqs))
 
 
 def threshold_gate(profile: Profile, scenario: Scenario) -> StaticSchedule:

@@ -20,6 +20,7 @@ from bench.procs import free_port
 from fleet.clock import SystemClock
 from fleet.config import CommonSettings, ConfigError, WorkerConfig, load_fleet
 from fleet.drain import end_shutdown_drain
+from fleet.perf import Profile, load_profile
 from fleet.restart import RestartClient
 from fleet.store.factory import build_store
 from gearshift.cli.worker_drain import drain_command
@@ -94,6 +95,7 @@ def vllm_command(
             worker, module=module, python=python, cpu=cpu,
             multi_node=MultiNode(nnodes=nnodes, node_rank=node_rank, master_addr=master_addr),
             speculative_extra=_json_object(speculative_extra),
+            profile=load_profile(fleet.profile_of(worker_id)),
         )  # fmt: skip
         plan = launch.plan(drafter=True)
     except (ConfigError, LaunchError) as exc:
@@ -130,12 +132,14 @@ class _Launch:
     cpu: bool
     multi_node: MultiNode
     speculative_extra: dict[str, Any] | None
+    profile: Profile | None = None
+    """The model's performance profile: the GPU start-up table is its fallback table (``fleet.fallback``)."""
 
     def plan(self, *, drafter: bool) -> LaunchPlan:
         return build_launch(
             self.worker, entrypoint=Entrypoint.MODULE if self.module else Entrypoint.CLI, python=self.python,
             cpu=CpuOptions() if self.cpu else None, multi_node=self.multi_node,
-            speculative_extra=self.speculative_extra, drafter=drafter,
+            speculative_extra=self.speculative_extra, drafter=drafter, profile=self.profile,
         )  # fmt: skip
 
 

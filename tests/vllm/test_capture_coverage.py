@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from fleet.config import WorkerConfig, load_fleet
+from fleet.perf import load_profile
 from workers.vllm.cpu_server import REPO_ROOT, VLLM_PYTHON
 from workers.vllm.launcher import MODEL_RUNNER_V2_ENV, build_launch, worker_gear_plan
 
@@ -72,6 +73,19 @@ def test_k3_fleet_command_captures_every_gear_at_every_batch_size(kimi: WorkerCo
     assert answer["full_speed"] == [list(row) for row in expected]
     assert covered(answer["full_speed"]) >= {(k, bs) for k in MUST_HAVE_GEARS for bs in range(1, kimi.max_num_seqs + 1)}
     assert answer["graphs"]["FULL"] == 8 * 32  # one decode graph per (k, batch size)
+
+
+def test_the_fallback_table_still_captures_every_gear_at_every_batch_size(
+    kimi: WorkerConfig, tiny_model_dir: Path
+) -> None:
+    """With the model's profile the start-up table is the fallback table (``fleet.fallback``): its sacrificial
+    rows move, and every k 0…k_max still gets its decode graphs."""
+    profile = load_profile("kimi-k3-dspark-tp16")
+    plan = build_launch(kimi, profile=profile)
+    answer = probe(list(plan.argv), dict(plan.env), tiny_model_dir)
+    assert worker_gear_plan(kimi, profile).table != worker_gear_plan(kimi).table
+    assert answer["full_speed"] == [list(row) for row in worker_gear_plan(kimi, profile).expected_full_speed()]
+    assert covered(answer["full_speed"]) == {(k, bs) for k in range(8) for bs in range(1, kimi.max_num_seqs + 1)}
 
 
 def test_hopper_command_is_bounded_by_eight_captured_tokens(tiny_model_dir: Path) -> None:

@@ -23,6 +23,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from fleet.fallback import fallback_table, general_mix
+from fleet.perf import Profile
 from fleet.speculation import FullSpeed, Schedule, full_speed_rows
 
 DEFAULT_CAPTURE_CEILING = 512
@@ -43,8 +45,9 @@ class GearPlan:
     gears: tuple[int, ...]
     """The k values with a start-up row (ascending): every k when ``max_num_seqs > k_max``."""
     table: Schedule
-    """``num_speculative_tokens_per_batch_size`` rows ``(from_bs, to_bs, k)``: k_max from batch size 1, then
-    one batch size per lower gear at the top, k falling as the batch grows."""
+    """``num_speculative_tokens_per_batch_size`` rows ``(from_bs, to_bs, k)``: with a profile, its fallback table
+    (what runs when no controller does); else k_max from batch size 1, then one batch size per lower gear at the
+    top, k falling as the batch grows."""
     capture_sizes: tuple[int, ...]
     """``--cudagraph-capture-sizes``: every uniform decode size ``n·(k+1)`` within the ceiling."""
 
@@ -70,14 +73,20 @@ def capture_ceiling(extra_args: Sequence[str], *, k_max: int, max_num_seqs: int)
     return min(max_num_seqs * (k_max + 1), DEFAULT_CAPTURE_CEILING), False
 
 
-def gear_plan(*, k_max: int, max_num_seqs: int, extra_args: Sequence[str] = ()) -> GearPlan:
-    """The plan for a worker of ``k_max`` and ``max_num_seqs`` whose further vLLM arguments are ``extra_args``."""
+def gear_plan(
+    *, k_max: int, max_num_seqs: int, extra_args: Sequence[str] = (), profile: Profile | None = None
+) -> GearPlan:
+    """The plan for a worker of ``k_max`` and ``max_num_seqs`` whose further vLLM arguments are ``extra_args``.
+    With its ``profile`` the start-up table is the fallback table (``fleet.fallback``: tuned for the general
+    mix, each sacrificial row where it costs least); without, k_max then one batch size per gear at the top."""
     ceiling, named = capture_ceiling(extra_args, k_max=k_max, max_num_seqs=max_num_seqs)
     gears = tuple(sorted(gear_priority(k_max)[:max_num_seqs]))
     lower = sorted((k for k in gears if k != k_max), reverse=True)
     top = max_num_seqs - len(lower)
     table: list[tuple[int, int, int]] = [(1, top, k_max)]
     table += [(top + 1 + i, top + 1 + i, k) for i, k in enumerate(lower)]
+    if profile is not None:
+        table = list(fallback_table(profile, general_mix(profile), max_num_seqs=max_num_seqs, gears=gears))
     sizes = {n * (k + 1) for k in gears for n in range(1, max_num_seqs + 1) if n * (k + 1) <= ceiling}
     if named:
         sizes.add(ceiling)  # vLLM refuses a named ceiling that differs from the largest named size

@@ -22,6 +22,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from fleet.config import WorkerConfig, WorkerKind
+from fleet.perf import Profile
 from fleet.speculation import Schedule
 from workers.vllm.gears import CAPTURE_SIZES_FLAG, GearPlan, gear_plan
 
@@ -100,15 +101,18 @@ def speculative_config(
     return config
 
 
-def worker_gear_plan(worker: WorkerConfig) -> GearPlan:
-    """The GPU gear plan of ``worker`` (start-up table, capture sizes, expected full-speed set)."""
+def worker_gear_plan(worker: WorkerConfig, profile: Profile | None = None) -> GearPlan:
+    """The GPU gear plan of ``worker`` (start-up table, capture sizes, expected full-speed set); with its model's
+    ``profile`` the start-up table is the profile's fallback table (``fleet.fallback``)."""
     if any(arg.split("=", 1)[0] == CAPTURE_SIZES_FLAG for arg in worker.extra_args):
         raise LaunchError(
             f"extra_args: {CAPTURE_SIZES_FLAG} is written by the launcher (a decode graph for every gear); "
             "bound it with --max-cudagraph-capture-size instead"
         )
     try:
-        return gear_plan(k_max=worker.drafter.k_max, max_num_seqs=worker.max_num_seqs, extra_args=worker.extra_args)
+        return gear_plan(
+            k_max=worker.drafter.k_max, max_num_seqs=worker.max_num_seqs, extra_args=worker.extra_args, profile=profile
+        )
     except ValueError as exc:
         raise LaunchError(f"extra_args: --max-cudagraph-capture-size must be an integer ({exc})") from exc
 
@@ -156,10 +160,12 @@ def build_launch(
     multi_node: MultiNode | None = None,
     speculative_extra: Mapping[str, Any] | None = None,
     drafter: bool = True,
+    profile: Profile | None = None,
 ) -> LaunchPlan:
     """The vLLM command line for ``worker``. ``python`` is the interpreter for ``Entrypoint.MODULE``.
     ``drafter=False`` is the drafter-free gear (issue 14): no ``--speculative-config`` (and no gear capture sizes),
-    so vLLM loads no drafter and runs k = 0 without its tax; the plugin then reports control as unavailable."""
+    so vLLM loads no drafter and runs k = 0 without its tax; the plugin then reports control as unavailable.
+    ``profile`` (the model's performance profile) makes the GPU start-up table the fallback table."""
     if worker.kind is not WorkerKind.VLLM:
         raise LaunchError(f"kind: worker {worker.id!r} is {worker.kind.value!r}, only 'vllm' workers run vLLM")
     weights = worker.weights or worker.model
@@ -177,7 +183,7 @@ def build_launch(
     if not drafter:
         pass  # vLLM's own capture sizes serve its one decode shape
     elif cpu is None:
-        plan = worker_gear_plan(worker)
+        plan = worker_gear_plan(worker, profile)
         spec = speculative_config(worker, table=plan.table, extra=speculative_extra)
         argv += ["--speculative-config", json.dumps(spec)]
         argv += [CAPTURE_SIZES_FLAG, *(str(size) for size in plan.capture_sizes)]
