@@ -14,13 +14,22 @@ at most one worker at a time:
 
 and only when all of these hold: the operator allows it (``enabled``, the worker not in ``forbidden``), the worker
 has been in its current mode for ``min_dwell_s``, no other worker of its model is draining or restarting, it is
-not the last healthy worker of its model, and the model's other healthy workers can carry its whole load within
-``headroom`` of their capacity. Every worker gets a verdict with its reason (for ``explain``).
+not the last healthy worker of its model, and:
+
+- **capacity through the restart** (issue 25, replacing the fixed 80 % headroom rule): the model's other healthy
+  workers' capacity (× ``headroom``, 1 by default) is at least the model's forecast peak for the restart's
+  duration (``forecast_peak_tok_s``: the forecast band's upper edge; the load now when there is no forecast);
+- **worth it**: the move's predicted gain over the horizon, ``gain_tok_s × horizon_s`` (``horizon_s``, by default
+  ``dwell_factor × restart_s``, the stretch the mode has already been wanted for), exceeds by ``move_margin`` its
+  cost, the capacity lost while it restarts: ``restart_s ×`` its share of the forecast load (tokens, counted as
+  lost even where the others absorb some: the SLA pays for what they absorb).
+
+Every worker gets a verdict with its reason, gain and cost included (for ``explain``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -39,8 +48,12 @@ class DrafterFreeConfig(BaseModel):
     """A mode must have been wanted for this many restart times before a restart is proposed."""
     min_dwell_s: float = Field(1800.0, ge=0)
     """Least time a worker stays in a drafter mode after a restart, seconds."""
-    headroom: float = Field(0.8, gt=0, le=1)
-    """Share of the other workers' capacity the model's load may take while one restarts."""
+    headroom: float = Field(1.0, gt=0, le=1)
+    """Share of the other workers' capacity the model's forecast peak may take while one restarts."""
+    horizon_s: float | None = Field(None, gt=0)
+    """Seconds a move's gain is counted over (None: ``dwell_factor`` × restart_s)."""
+    move_margin: float = Field(0.1, ge=0)
+    """A move's gain over the horizon must exceed its cost by this fraction."""
     drain_grace_s: float = Field(10.0, ge=0)
     """Least time a worker drains before its restart, seconds: every gateway replica must have re-read its mode
     (``GatewaySettings.state_refresh_s``) so that none still sends it requests."""
@@ -78,6 +91,9 @@ class WorkerGear:
     """On a drafter-free worker, since when a k > 0 has been predicted to pay without a break (None: it has not)."""
     draining: bool = False
     """Draining or restarting now (its capacity is already gone)."""
+    gain_tok_s: float = 0.0
+    """Output tokens per second the move adds on this worker's load, as the policy predicts it (drafter-free k = 0
+    over the gear it holds, or the best gear with the drafter over drafter-free k = 0)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +115,14 @@ def _wanted(w: WorkerGear, now_s: float, restart_s: float, cfg: DrafterFreeConfi
     return target, f"{want} wanted for {now_s - since:.0f} s ≥ {need:.0f} s"
 
 
-def _blocked(w: WorkerGear, fleet: Sequence[WorkerGear], now_s: float, cfg: DrafterFreeConfig) -> str:
+def _blocked(
+    w: WorkerGear,
+    fleet: Sequence[WorkerGear],
+    now_s: float,
+    restart_s: float,
+    peak_tok_s: float | None,
+    cfg: DrafterFreeConfig,
+) -> str:
     """Why this worker may not restart now ('' when it may)."""
     if not cfg.enabled:
         return "forbidden fleet-wide by the operator"
@@ -116,16 +139,43 @@ def _blocked(w: WorkerGear, fleet: Sequence[WorkerGear], now_s: float, cfg: Draf
     if not others:
         return "the last healthy worker of its model"
     load = sum(p.load_tok_s for p in fleet if p.model == w.model and p.healthy)
+    peak = load if peak_tok_s is None else peak_tok_s
     room = cfg.headroom * sum(p.capacity_tok_s for p in others)
-    if load > room:
-        return f"the others cannot carry {load:.0f} tok/s within {cfg.headroom:.0%} of their {room / cfg.headroom:.0f}"
+    if peak > room:
+        what = "forecast peak" if peak_tok_s is not None else "load"
+        return f"the others' {room:.0f} tok/s cannot carry the {what} {peak:.0f} tok/s through the restart"
+    return _not_worth(w, load, peak, restart_s, cfg)
+
+
+def move_worth(
+    w: WorkerGear, load_tok_s: float, peak_tok_s: float, restart_s: float, cfg: DrafterFreeConfig
+) -> tuple[float, float]:
+    """(gain, cost) of moving ``w``, output tokens: its predicted gain over the horizon, and ``restart_s`` × its
+    share of the model's forecast load (``peak_tok_s`` split as the load now is)."""
+    horizon = cfg.horizon_s if cfg.horizon_s is not None else cfg.dwell_factor * restart_s
+    share = w.load_tok_s / load_tok_s if load_tok_s > 0 else 0.0
+    return max(w.gain_tok_s, 0.0) * horizon, restart_s * share * peak_tok_s
+
+
+def _not_worth(w: WorkerGear, load: float, peak: float, restart_s: float, cfg: DrafterFreeConfig) -> str:
+    gain, cost = move_worth(w, load, peak, restart_s, cfg)
+    if gain < cost * (1 + cfg.move_margin):  # an idle worker (no gain, no cost) may move
+        return f"gain {gain:.0f} tok over the horizon ≤ the restart's cost {cost:.0f} tok + {cfg.move_margin:.0%}"
     return ""
 
 
 def plan_restarts(
-    fleet: Sequence[WorkerGear], *, now_s: float, restart_s: float, config: DrafterFreeConfig
+    fleet: Sequence[WorkerGear],
+    *,
+    now_s: float,
+    restart_s: float,
+    config: DrafterFreeConfig,
+    forecast_peak_tok_s: Mapping[str, float] | None = None,
 ) -> list[Verdict]:
-    """A verdict for every worker; at most one restart per model (the longest-waiting asker first)."""
+    """A verdict for every worker; at most one restart per model (the longest-waiting asker first).
+    ``forecast_peak_tok_s``: model → its forecast peak output rate over the restart, tokens/s (the band's upper
+    edge; a model left out is planned on its load now)."""
+    peaks = forecast_peak_tok_s or {}
     verdicts: dict[str, Verdict] = {}
     started: set[str] = set()
     asking = []
@@ -137,12 +187,14 @@ def plan_restarts(
             since = w.k0_since_s if w.drafter_loaded else w.spec_pays_since_s
             asking.append((since if since is not None else now_s, w, move, why))
     for _, w, move, why in sorted(asking, key=lambda a: (a[0], a[1].worker_id)):
-        blocked = _blocked(w, fleet, now_s, config)
+        blocked = _blocked(w, fleet, now_s, restart_s, peaks.get(w.model), config)
         if not blocked and w.model in started:
             blocked = "another worker of the model restarts first"
         if blocked:
             verdicts[w.worker_id] = Verdict(w.worker_id, Move.STAY, f"{why}, but {blocked}")
         else:
             started.add(w.model)
-            verdicts[w.worker_id] = Verdict(w.worker_id, move, why)
+            load = sum(p.load_tok_s for p in fleet if p.model == w.model and p.healthy)
+            gain, cost = move_worth(w, load, peaks.get(w.model, load), restart_s, config)
+            verdicts[w.worker_id] = Verdict(w.worker_id, move, f"{why}; gain {gain:.0f} tok > cost {cost:.0f} tok")
     return [verdicts[w.worker_id] for w in fleet]

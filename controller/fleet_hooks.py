@@ -38,7 +38,7 @@ def gear_observation(rt: WorkerRuntime) -> GearObservation:
     step correction and the observed prefill per output token), load the goodput predicted at its batch."""
     fresh = rt.stale_since_s is None and rt.prev is not None
     est, decision = rt.estimate, rt.decision
-    load = capacity = 0.0
+    load = capacity = gain = 0.0
     spec_pays = off_pays = False
     if est is not None and decision is not None:
         current = decision.candidate(rt.stab.k) if rt.stab is not None else None
@@ -56,6 +56,11 @@ def gear_observation(rt: WorkerRuntime) -> GearObservation:
         )
         capacity = seqs / (step.total_s * est.step_correction)
         spec_pays = decision.k > 0
+        best = decision.candidate(decision.k)
+        if rt.drafter_loaded:
+            gain = off - held if est.batch > 0 else 0.0  # drafter-free k = 0 over the gear it holds
+        else:
+            gain = (best.goodput_tok_s if best is not None else 0.0) - held  # the drafter's best gear back
     return GearObservation(
         worker_id=rt.config.id,
         fresh=fresh,
@@ -64,6 +69,7 @@ def gear_observation(rt: WorkerRuntime) -> GearObservation:
         spec_pays=spec_pays,
         load_tok_s=load,
         capacity_tok_s=capacity,
+        gain_tok_s=gain,
     )
 
 

@@ -81,6 +81,8 @@ class GearObservation:
     """On a drafter-free worker: the policy's best k with the drafter would be above 0."""
     load_tok_s: float
     capacity_tok_s: float
+    gain_tok_s: float = 0.0
+    """Output tokens/s a move to the other drafter mode adds on this load, as predicted (``WorkerGear.gain_tok_s``)."""
 
 
 @dataclass
@@ -191,6 +193,7 @@ class GearModes:
                     mode_since_s=mode.mode_since,
                     load_tok_s=obs.load_tok_s,
                     capacity_tok_s=obs.capacity_tok_s,
+                    gain_tok_s=obs.gain_tok_s,
                     k0_since_s=s.k0_since if mode.drafter_loaded else None,
                     spec_pays_since_s=None if mode.drafter_loaded else s.spec_pays_since,
                     draining=mode.phase is not Phase.SERVING,

@@ -17,7 +17,7 @@ ON = DrafterFreeConfig(enabled=True)
 def gear(worker_id: str, **kw: Any) -> WorkerGear:
     base = WorkerGear(
         worker_id=worker_id, model="kimi-k3", healthy=True, drafter_loaded=True, mode_since_s=0.0,
-        load_tok_s=300.0, capacity_tok_s=1000.0, k0_since_s=NOW - 10 * RESTART_S,
+        load_tok_s=300.0, capacity_tok_s=1000.0, k0_since_s=NOW - 10 * RESTART_S, gain_tok_s=45.0,
     )  # fmt: skip
     return replace(base, **kw)
 
@@ -56,7 +56,7 @@ def test_never_the_last_healthy_worker_of_a_model() -> None:
 
 def test_the_rest_must_carry_the_load_and_nobody_else_may_be_draining() -> None:
     heavy = [gear("w0", load_tok_s=900.0), gear("w1", load_tok_s=900.0, k0_since_s=None)]
-    assert moves(heavy) == [Move.STAY, Move.STAY], "1 800 tok/s on 800 of headroom"
+    assert moves(heavy) == [Move.STAY, Move.STAY], "1 800 tok/s on the other's 1 000"
     draining = [gear("w0"), gear("w1", draining=True, k0_since_s=None), gear("w2", k0_since_s=None)]
     assert moves(draining)[0] is Move.STAY
 
@@ -75,3 +75,23 @@ def test_a_drafter_free_worker_gets_its_drafter_back_when_speculation_pays_for_l
     assert moves([off, gear("w1", k0_since_s=None)]) == [Move.TO_DRAFTER, Move.STAY]
     brief = replace(off, spec_pays_since_s=NOW - RESTART_S)
     assert moves([brief, gear("w1", k0_since_s=None)]) == [Move.STAY, Move.STAY]
+
+
+def test_a_move_needs_its_gain_over_the_horizon_to_beat_the_restarts_cost() -> None:
+    """Issue 25: 300 tok/s displaced for a 600 s restart cost 180 000 tokens; over the horizon (10 × restart_s) a
+    gain of 45 tok/s gives 270 000 and moves, 30 tok/s (180 000, not above the cost by 10 %) does not."""
+    assert moves([gear("w0"), gear("w1", k0_since_s=None)])[0] is Move.TO_DRAFTER_FREE
+    small = plan_restarts([gear("w0", gain_tok_s=30.0), gear("w1", k0_since_s=None)], now_s=NOW,
+                          restart_s=RESTART_S, config=ON)  # fmt: skip
+    assert small[0].move is Move.STAY
+    assert "gain 180000 tok" in small[0].reason
+    assert "cost 180000 tok" in small[0].reason
+
+
+def test_the_others_must_carry_the_forecast_peak_not_only_the_load_now() -> None:
+    """Two workers at 300 tok/s each could move today (the other has 1 000), but a forecast peak of 1 200 tok/s
+    during the restart would not fit: no move (the fixed 80 % headroom rule would have moved)."""
+    fleet = [gear("w0"), gear("w1", k0_since_s=None)]
+    verdicts = plan_restarts(fleet, now_s=NOW, restart_s=RESTART_S, config=ON, forecast_peak_tok_s={"kimi-k3": 1200.0})
+    assert verdicts[0].move is Move.STAY
+    assert "forecast peak 1200 tok/s" in verdicts[0].reason

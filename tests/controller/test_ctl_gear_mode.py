@@ -56,7 +56,7 @@ def fleet(*, veto_w1: bool = False) -> FleetConfig:
 
 
 def obs(wid: str, *, in_flight: float = 0.0, off_pays: bool = True, fresh: bool = True) -> GearObservation:
-    return GearObservation(wid, fresh, in_flight if fresh else None, off_pays, False, 100.0, 1000.0)
+    return GearObservation(wid, fresh, in_flight if fresh else None, off_pays, False, 100.0, 1000.0, gain_tok_s=200.0)
 
 
 def gears(

@@ -87,7 +87,9 @@ async def test_drain_restart_without_the_drafter_and_back_under_load() -> None:
         gears = GearModes(
             workers=fleet.workers,
             restart_s={w.id: RESTART_S for w in fleet.workers},
-            config=DrafterFreeConfig(enabled=True, dwell_factor=1.0, min_dwell_s=0.0, drain_grace_s=0.3, headroom=1.0),
+            config=DrafterFreeConfig(
+                enabled=True, dwell_factor=1.0, min_dwell_s=0.0, drain_grace_s=0.3, horizon_s=3600.0
+            ),
             restarter=HttpRestarter(http, control_token=TOKEN),
             store=store,
             clock=clock,
