@@ -12,7 +12,7 @@ from rich.text import Text
 
 from fleet.clock import SystemClock
 from fleet.config import CommonSettings
-from fleet.plan import FleetPlan, read_plans
+from fleet.plan import FleetPlan, PoolPlan, read_plans
 from fleet.store.factory import build_store
 
 
@@ -27,7 +27,7 @@ async def stored_plans(settings: CommonSettings) -> dict[str, FleetPlan]:
 
 def _pools_table(plan: FleetPlan) -> Table:
     table = Table(title="pools", title_justify="left")
-    for col in ("pool", "workers", "classes", "k", "cap", "predicted batch", "predicted TPOT"):
+    for col in ("pool", "workers", "classes", "drafter", "k", "cap", "predicted batch", "predicted TPOT"):
         table.add_column(col, justify="left" if col in ("pool", "workers", "classes") else "right")
     for pool in plan.pools:
         prefix = f"tpot_s/{pool.name}/"
@@ -38,10 +38,34 @@ def _pools_table(plan: FleetPlan) -> Table:
         ]
         batch = plan.predicted.get(f"batch/{pool.name}")
         table.add_row(
-            pool.name, ", ".join(pool.workers), ", ".join(pool.classes),
-            "its loop" if pool.k is None else str(pool.k), str(pool.max_concurrency or "–"),
+            pool.name, ", ".join(pool.workers), ", ".join(pool.classes), pool.drafter, _gear(pool), _caps(pool),
             "–" if batch is None else f"{batch:.1f}", "; ".join(tpots) or "–",
         )  # fmt: skip
+    return table
+
+
+def _gear(pool: PoolPlan) -> str:
+    if pool.k is not None:
+        return str(pool.k)
+    return "its loop" if pool.k_cap is None else f"its loop ≤ {pool.k_cap}"
+
+
+def _caps(pool: PoolPlan) -> str:
+    per_worker = ", ".join(f"{w} {c}" for w, c in sorted(pool.worker_caps.items()))
+    base = str(pool.max_concurrency or "–")
+    return f"{base} ({per_worker})" if per_worker else base
+
+
+def _forecast_table(plan: FleetPlan) -> Table:
+    table = Table(title="forecast the pools were sized for (req/s)", title_justify="left")
+    for col in ("pool", "class", "expected", "plan for (band's upper edge)", "prompt tok", "output tok"):
+        table.add_column(col, justify="left" if col in ("pool", "class") else "right")
+    for pool in plan.pools:
+        for cls, f in sorted(pool.forecast.items()):
+            table.add_row(
+                pool.name, cls, f"{f.rate_rps:.2f}", f"{f.upper_rps:.2f}", f"{f.prompt_tokens:.0f}",
+                f"{f.output_tokens:.0f}",
+            )  # fmt: skip
     return table
 
 
@@ -67,7 +91,10 @@ def plan_panel(plan: FleetPlan, *, now: float) -> Panel:
         f"version {plan.version}, issued {age:.0f} s ago (TTL {plan.ttl_s:.0f} s): {state} · spill margin "
         f"{plan.spill_margin:.0%}" + (f" · predicted goodput {goodput:.0f} tok/s" if goodput is not None else "")
     )
-    body = Group(head, _pools_table(plan), _acceptance_table(plan), Text(f"why: {plan.reason}"))
+    parts: list[RenderableType] = [head, _pools_table(plan)]
+    if any(pool.forecast for pool in plan.pools):
+        parts.append(_forecast_table(plan))
+    body = Group(*parts, _acceptance_table(plan), Text(f"why: {plan.reason}"))
     return Panel(body, title=f"fleet plan: {plan.model}", title_align="left")
 
 

@@ -27,7 +27,7 @@ from controller.stabiliser import Action, ActionKind, StabiliserState
 from fleet.clock import ManualClock
 from fleet.config import CommonSettings, TenantConfig, TenantsConfig, TierConfig
 from fleet.perf import Profile
-from fleet.plan import FleetPlan, PoolPlan, publish_plan, read_plans
+from fleet.plan import ClassForecast, FleetPlan, PoolPlan, publish_plan, read_plans
 from fleet.store.memory import MemoryStore
 from fleet.store.protocol import UsageRecord
 from fleet.store.redis import RedisStore
@@ -290,3 +290,20 @@ async def test_explain_shows_the_stored_plan_its_acceptance_and_why(redis_url: s
         assert expected in fresh, expected
     assert "STALE" in text(NOW + 31)
     assert "none in the store" in text(NOW, {})
+
+
+def test_explain_shows_drafter_mode_k_cap_worker_caps_and_the_forecast() -> None:
+    """Issue 25: the plan record's new fields, and the forecast each pool was sized for, in ``controller explain``."""
+    plan = FleetPlan(
+        model=MODEL, version=5, issued_at=NOW, ttl_s=30.0, reason="batch pool drafter-free",
+        pools=[PoolPlan(name="fast", classes=["interactive/chat"], workers=["w0", "w1"], k_cap=5,
+                        worker_caps={"w1": 24},
+                        forecast={"interactive/chat": ClassForecast(rate_rps=1.5, upper_rps=2.25, prompt_tokens=800,
+                                                                    output_tokens=300)}),
+               PoolPlan(name="bulk", classes=["batch/*"], workers=["w2"], k=0, drafter="off")],
+    )  # fmt: skip
+    console = Console(width=200, record=True, color_system=None)
+    console.print(plans_view({MODEL: plan}, now=NOW + 1))
+    shown = console.export_text()
+    for expected in ("its loop ≤ 5", "w1 24", "off", "loaded", "forecast the pools were sized for", "2.25", "800"):
+        assert expected in shown, expected
