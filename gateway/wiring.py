@@ -150,6 +150,7 @@ async def running_gateway(deps: GatewayDeps) -> AsyncIterator[Gateway]:
         for task in gw.tasks:
             task.cancel()
         await asyncio.gather(*gw.tasks, return_exceptions=True)
+        await admitter.close()  # the leases' unused parts back to the store
         await ledger.close()
         if upstream_session is None:
             await session.close()

@@ -85,6 +85,8 @@ class GearshiftLauncher:
     redis: bool = True
     source: Path | None = None
     """Another revision's tree to run (``bench.gateway.baseline``); None runs this checkout."""
+    workers: int = 1
+    """``gearshift gateway --workers N``: N processes on the port (Redis only)."""
 
     def launch(self, *, upstream: str, redis_url: str, cpu: int | None, log_dir: Path) -> Target:
         port = free_port()
@@ -102,12 +104,17 @@ class GearshiftLauncher:
             "GEARSHIFT_SPOOL_DIR": str(log_dir / f"spool-{port}"),  # never an operator's state directory
         }
         argv = [sys.executable, "-c", gateway_entry(self.source), "gateway", "--port", str(port)]
-        child = spawn(self.name, argv, cpu=cpu, log_dir=log_dir, env=env)
+        if self.workers > 1:
+            argv += ["--workers", str(self.workers)]
+        # N processes get the machine's CPUs (their cost is reported per request, in CPU µs, not as req/s per core)
+        child = spawn(self.name, argv, cpu=cpu if self.workers == 1 else None, log_dir=log_dir, env=env)
         base = f"http://127.0.0.1:{port}"
         wait_http_ready(child, base + "/v1/models", headers={"Authorization": f"Bearer {BENCH_KEY}"}, timeout_s=60)
         where = "on Redis" if self.redis else "in process memory"
         if self.source is not None:
             where += f", code of {self.source.name}"
+        if self.workers > 1:
+            where += f", {self.workers} processes (`--workers {self.workers}`)"
         return Target(
             self.name,
             base,
@@ -120,7 +127,10 @@ class GearshiftLauncher:
 def gearshift_launchers(source: Path | None = None, *, suffix: str = "") -> list[GearshiftLauncher]:
     """The gateway with its store in memory and on Redis (both with all of its other work on); ``source`` and
     ``suffix`` name another revision's tree and its targets (``gearshift-memory@REV``)."""
-    return [
+    launchers = [
         GearshiftLauncher(f"gearshift-memory{suffix}", redis=False, source=source),
         GearshiftLauncher(f"gearshift-redis{suffix}", redis=True, source=source),
     ]
+    if source is None:  # an older revision may not have --workers
+        launchers.append(GearshiftLauncher("gearshift-redis-2proc", redis=True, workers=2))
+    return launchers

@@ -136,7 +136,9 @@ def _throughput_section(result: GatewayBenchResult, names: list[str]) -> list[st
         "Latency is wrk's, of the whole response (for streams: to the last chunk). *Added* is the target's figure "
         "minus the direct upstream's in the same run. *vs floor* is the target's rate over the minimal "
         "pass-through's. *CPU µs/req* is the CPU time (user + system, from `/proc/<pid>/stat`) the proxy process "
-        "used during the run divided by the requests it served: what one request costs the proxy's core.",
+        "used during the run divided by the requests it served: what one request costs the proxy's core. "
+        "*Redis cmd/req* is the commands the bench's Redis ran during the run (`INFO commandstats`, the INFO reads "
+        "left out) divided by the requests served.",
         *_rounds_note(result),
         "",
         "### Throughput and latency table",
@@ -158,6 +160,7 @@ def _throughput_section(result: GatewayBenchResult, names: list[str]) -> list[st
                         name,
                         m.requests_per_s,
                         entry.cpu_us_per_request,
+                        entry.redis_commands_per_request,
                         m.p50_us / 1000,
                         m.p99_us / 1000,
                         _added_ms(result, name, mode, c, "p50_us"),
@@ -167,9 +170,9 @@ def _throughput_section(result: GatewayBenchResult, names: list[str]) -> list[st
                         m.errors,
                     ]
                 )
-    header = ["mode", "c", "target", "req/s", "CPU µs/req", "p50 ms", "p99 ms"]
+    header = ["mode", "c", "target", "req/s", "CPU µs/req", "Redis cmd/req", "p50 ms", "p99 ms"]
     header += ["added p50 ms", "added p99 ms", "vs floor", "spread", "errors"]
-    lines += [table(header, [[_num(v) for v in r] for r in rows], align="lrl" + "r" * 9), ""]
+    lines += [table(header, [[_num(v) for v in r] for r in rows], align="lrl" + "r" * 10), ""]
     return lines
 
 

@@ -29,7 +29,7 @@ MODES: tuple[Mode, ...] = ("json", "stream")
 
 @dataclass(frozen=True)
 class GatewayBenchConfig:
-    concurrencies: tuple[int, ...] = (1, 16, 64)
+    concurrencies: tuple[int, ...] = (1, 16, 64, 256)
     duration_s: float = 10.0
     """Seconds of each wrk run."""
     warmup_s: float = 2.0
@@ -64,6 +64,15 @@ class Measurement:
     wrk: WrkResult
     cpu_s: float | None = None
     """CPU seconds (user + system) the proxy process used during the wrk run; None for the direct upstream."""
+    redis_commands: int | None = None
+    """Redis commands (``INFO commandstats`` calls, the INFO reads themselves left out) during the wrk run, for a
+    target on the bench's Redis; None for the others."""
+
+    @property
+    def redis_commands_per_request(self) -> float | None:
+        if self.redis_commands is None or self.wrk.requests <= 0:
+            return None
+        return self.redis_commands / self.wrk.requests
 
     @property
     def cpu_us_per_request(self) -> float | None:
@@ -102,6 +111,7 @@ class GatewayBenchResult:
             return rounds[0]
         wrks = [m.wrk for m in rounds]
         cpu = [m.cpu_s for m in rounds if m.cpu_s is not None]
+        cmds = [m.redis_commands for m in rounds if m.redis_commands is not None]
         wrk = WrkResult(
             requests=round(median([w.requests for w in wrks])),
             duration_s=median([w.duration_s for w in wrks]),
@@ -111,7 +121,9 @@ class GatewayBenchResult:
             p99_us=median([w.p99_us for w in wrks]),
             mean_us=median([w.mean_us for w in wrks]),
         )
-        return Measurement(target, mode, concurrency, wrk, median(cpu) if cpu else None)
+        return Measurement(
+            target, mode, concurrency, wrk, median(cpu) if cpu else None, round(median(cmds)) if cmds else None
+        )
 
     def spread(self, target: str, mode: Mode, concurrency: int) -> float | None:
         """(max − min) / median of the cell's requests/s over its rounds; None with fewer than two rounds."""
@@ -122,6 +134,32 @@ class GatewayBenchResult:
 
 
 Progress = Callable[[str], None]
+
+
+def tree_cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds of process ``pid`` and its live descendants (``--workers N``'s processes)."""
+    own = process_cpu_s(pid)
+    if own is None:
+        return None
+    try:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        children = []
+    return own + sum(tree_cpu_s(int(child)) or 0.0 for child in children)
+
+
+def redis_commands(url: str) -> int:
+    """Commands the Redis at ``url`` has run so far (``INFO commandstats``), its INFO commands left out."""
+    import redis
+
+    client = redis.Redis.from_url(url)
+    try:
+        stats: dict[str, dict[str, int]] = client.info("commandstats")
+    finally:
+        client.close()
+    return sum(
+        int(v["calls"]) for k, v in stats.items() if k not in ("cmdstat_info", "cmdstat_hello", "cmdstat_client")
+    )
 
 
 def placement() -> Placement:
@@ -194,7 +232,7 @@ def run(
         started += _start_targets(
             launchers, upstream, redis_url, result, cpu=place.proxy_cpu, logs=logs, progress=progress
         )
-        driver = _Driver(result, config, write_script(work), place.load_cpu, progress)
+        driver = _Driver(result, config, write_script(work), place.load_cpu, progress, redis_url)
         answering = driver.warm_up(started)
         driver.measure(answering)
         driver.first_chunks(answering)
@@ -218,6 +256,7 @@ class _Driver:
     script: Path
     cpu: int | None
     progress: Progress
+    redis_url: str | None = None
 
     def load(self, target: Target, mode: Mode, connections: int, seconds: float) -> WrkResult:
         body = chat_body(stream=mode == "stream")
@@ -255,15 +294,18 @@ class _Driver:
                 for target in targets:
                     self.progress(f"{label}{mode} c={c} → {target.name}")
                     pid = target.child.pid if target.child is not None and target.name != "direct" else None
-                    before = process_cpu_s(pid) if pid is not None else None
+                    before = tree_cpu_s(pid) if pid is not None else None
+                    on_redis = self.redis_url is not None and "redis" in target.name
+                    commands_before = redis_commands(self.redis_url) if on_redis and self.redis_url else 0
                     try:
                         wrk = self.load(target, mode, c, self.config.duration_s)
                     except ProcessFailed as exc:
                         self.result.failures.append(f"{target.name}: {mode} c={c}: {exc}")
                         continue
-                    after = process_cpu_s(pid) if pid is not None else None
+                    after = tree_cpu_s(pid) if pid is not None else None
                     cpu_s = after - before if after is not None and before is not None else None
-                    self.result.measurements.append(Measurement(target.name, mode, c, wrk, cpu_s))
+                    commands = redis_commands(self.redis_url) - commands_before if on_redis and self.redis_url else None
+                    self.result.measurements.append(Measurement(target.name, mode, c, wrk, cpu_s, commands))
                     time.sleep(0.2)  # let the last run's sockets close before the next one starts
 
     def first_chunks(self, targets: list[Target]) -> None:

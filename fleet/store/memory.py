@@ -137,6 +137,9 @@ class MemoryStore:
         seen[settle_id] = now
         return True
 
+    async def admit_many(self, calls: Sequence[tuple[Sequence[Limit], float]]) -> list[Admission]:
+        return [await self.admit(limits, now=now) for limits, now in calls]
+
     async def settle_many(self, settlements: Sequence[Settlement], *, now: float) -> None:
         for s in settlements:
             await self.settle(windows=s.windows, slots=s.slots, spend=dict(s.spend), now=now, settle_id=s.settle_id)

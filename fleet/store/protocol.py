@@ -196,6 +196,11 @@ class Store(Protocol):
         """Check every limit and, only if all pass, reserve them all (all-or-nothing, atomic)."""
         ...
 
+    async def admit_many(self, calls: Sequence[tuple[Sequence[Limit], float]]) -> list[Admission]:
+        """``admit`` each ``(limits, now)`` of ``calls``, in order, each atomic on its own, in one round trip on one
+        Redis (pipelined; on a cluster, one per node): the gateway batches the admits of one event-loop tick."""
+        ...
+
     async def settle(
         self,
         *,

@@ -176,21 +176,31 @@ class _Script:
         raise_if_cancelled_since(task, before, self._name)
         return reply
 
-    async def many(self, calls: Sequence[tuple[Sequence[str], Sequence[str]]]) -> None:
+    async def many(self, calls: Sequence[tuple[Sequence[str], Sequence[str]]]) -> list[Any]:
         """Run the script once per (keys, args) in ``calls`` in one pipeline (not a transaction: on a cluster the
-        calls may live on different nodes); raise the first error after every call was tried."""
+        calls may live on different nodes); raise the first error after every call was tried. Returns the replies,
+        in order."""
         task, before = cancelling_now()
         async with self._client.pipeline(transaction=False) as pipe:
             for keys, args in calls:
                 pipe.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
             replies: list[Any] = await pipe.execute(raise_on_error=False)
-        for (keys, args), reply in zip(calls, replies, strict=True):
+        for i, ((keys, args), reply) in enumerate(zip(calls, replies, strict=True)):
             if isinstance(reply, NoScriptError):
-                await self._execute("EVAL", self._text, len(keys), *keys, *args)
+                replies[i] = await self._execute("EVAL", self._text, len(keys), *keys, *args)
         raise_if_cancelled_since(task, before, self._name)
-        failed = [r for r in replies if isinstance(r, Exception) and not isinstance(r, NoScriptError)]
+        failed = [r for r in replies if isinstance(r, Exception)]
         if failed:
             raise failed[0]
+        return replies
+
+
+def _admission(limits: Sequence[Limit], reply: list[Any]) -> Admission:
+    spent = float(reply[-1]) if reply[-1] != "" else None
+    if int(reply[0]) == 1:
+        return Admission(allowed=True, spent_usd=spent)
+    tripped = limits[int(reply[1]) - 1].key
+    return Admission(allowed=False, tripped=tripped, retry_after_s=float(reply[2]), spent_usd=spent)
 
 
 @cancellation_safe
@@ -317,22 +327,27 @@ class RedisStore:
     async def admit(self, limits: Sequence[Limit], *, now: float) -> Admission:
         if not limits:
             return Admission(allowed=True)
+        keys, args = self._admit_call(limits, now)
+        return _admission(limits, await self._admit(keys=keys, args=args))
+
+    @checks_own_cancellation
+    async def admit_many(self, calls: Sequence[tuple[Sequence[Limit], float]]) -> list[Admission]:
+        todo = [(limits, self._admit_call(limits, now)) for limits, now in calls if limits]
+        replies = iter(await self._admit.many([call for _, call in todo]) if todo else [])
+        return [_admission(limits, next(replies)) if limits else Admission(allowed=True) for limits, _ in calls]
+
+    def _admit_call(self, limits: Sequence[Limit], now: float) -> tuple[list[str], list[str]]:
         single_scope(lim.key for lim in limits)
         args = [_num(now), str(win.BUCKETS_PER_WINDOW), _num(win.SLOT_RETRY_AFTER_S), self._clock_flag]
         keys = [self._keys.limit(lim.key) for lim in limits]
         for lim in limits:
             args += _limit_args(lim)
-        for lim in limits:  # after the limits, so a refusal's index still names one of them
+        for i, lim in enumerate(limits):  # after the limits, so a refusal's index still names one of them
             if isinstance(lim, SlotLimit):
                 for slot_id in lim.releasing:
-                    keys.append(keys[limits.index(lim)])
+                    keys.append(keys[i])
                     args += ["r", slot_id, "", ""]
-        reply: list[Any] = await self._admit(keys=keys, args=args)
-        spent = float(reply[-1]) if reply[-1] != "" else None
-        if int(reply[0]) == 1:
-            return Admission(allowed=True, spent_usd=spent)
-        tripped = limits[int(reply[1]) - 1].key
-        return Admission(allowed=False, tripped=tripped, retry_after_s=float(reply[2]), spent_usd=spent)
+        return keys, args
 
     @checks_own_cancellation
     async def settle(
@@ -626,7 +641,6 @@ class RedisStore:
                 "controllers may run one minor version apart only if they share a schema version), or give it "
                 "another GEARSHIFT_KEY_PREFIX"
             )
-
 
     async def ping(self) -> bool:
         try:

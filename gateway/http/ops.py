@@ -6,7 +6,7 @@ import asyncio
 import math
 
 from fastapi import APIRouter
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.responses import JSONResponse, Response
 
 from gateway.http.deps import GatewayDep
@@ -56,4 +56,4 @@ async def _store_detail(gw: Gateway) -> dict[str, object]:
 
 @router.get("/metrics")
 async def metrics(gw: GatewayDep) -> Response:
-    return Response(generate_latest(gw.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    return Response(gw.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+import socket
 import threading
 from collections.abc import Iterator
 
@@ -50,8 +51,11 @@ class GatewayServer:
 
     name = "gateway"
 
-    def __init__(self, deps: GatewayDeps, *, handle_signals: bool = True) -> None:
+    def __init__(self, deps: GatewayDeps, *, handle_signals: bool = True, reuse_port: bool = False) -> None:
         settings = self.settings = deps.settings
+        self._reuse_port = reuse_port
+        """Listen with SO_REUSEPORT: several processes on one port, the kernel spreading connections
+        (``gearshift gateway --workers N``)."""
         self.app: FastAPI = create_app(deps)
         config = uvicorn.Config(
             self.app,
@@ -81,7 +85,8 @@ class GatewayServer:
 
     async def start(self) -> None:
         """Serve in a background task; return once the socket listens and the lifespan has run."""
-        self._task = asyncio.create_task(self._server.serve(), name="gateway-server")
+        sockets = [_reuse_port_socket(self.settings.host, self.settings.port)] if self._reuse_port else None
+        self._task = asyncio.create_task(self._server.serve(sockets=sockets), name="gateway-server")
         async with asyncio.timeout(_START_TIMEOUT_S):
             while not self._server.started:
                 if self._task.done():
@@ -108,6 +113,16 @@ class GatewayServer:
             f"OpenAI-compatible endpoint: {self.url}/v1",
             f"metrics: {self.url}/metrics   readiness: {self.url}/readyz   admin API: {self.url}/admin/v1",
         ]
+
+
+def _reuse_port_socket(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    sock.set_inheritable(True)
+    return sock
 
 
 def client_snippet(base_url: str, *, model: str, api_key: str) -> str:

@@ -28,6 +28,8 @@ from fleet.store.keys import spend_key
 from fleet.store.memory import MemoryStore
 from fleet.store.protocol import Admission, BudgetLimit, Limit, Settlement, SlotLimit, Store, UsageRecord, WindowLimit
 from gateway.errors import BudgetExceeded, RateLimited, StoreUnavailable
+from gateway.intake.admit_batch import AdmitBatcher
+from gateway.intake.leases import LeaseBook
 from gateway.intake.replicas import ReplicaRegistry
 from gateway.settings import GatewaySettings
 from gateway.usage.metrics import GatewayMetrics
@@ -49,6 +51,9 @@ class Ticket:
     """Unix seconds when the admit call returned admitted (None for a tenant without limits)."""
     local: bool = False
     """Admitted by the process-local fallback store during a store outage."""
+    leased_tpm: WindowLimit | None = None
+    """The TPM reservation drawn from this replica's lease (``gateway.intake.leases``): corrected there, not in the
+    store."""
     settled: bool = False
 
 
@@ -118,8 +123,14 @@ class Admitter:
         local_share: float | Callable[[], float] = 1.0,
         concurrency_grace_s: float = 0.0,
         slot_ttl_s: float = 600.0,
+        leases: LeaseBook | None = None,
+        batch: bool = False,
     ) -> None:
         self._store = store
+        self._ask = AdmitBatcher(store).admit if batch else store.admit
+        """The store's admit, batched per event-loop tick with ``batch`` (``gateway.intake.admit_batch``)."""
+        self.leases = leases
+        """Quota leases for the windows and budgets (None: every request asks the store)."""
         self._clock = clock
         self._metrics = metrics
         self._failure_mode = failure_mode
@@ -146,9 +157,12 @@ class Admitter:
         replicas: ReplicaRegistry,
     ) -> Admitter:
         """The admitter of ``settings``, enforcing ``replicas``' local share of each limit during an outage."""
+        leases = LeaseBook(store, clock, share=replicas.share,
+                           on_error=lambda op: metrics.child(metrics.store_failures, op).inc())  # fmt: skip
         return cls(store, clock=clock, metrics=metrics, failure_mode=settings.store_failure_mode,
                    local_share=replicas.share, concurrency_grace_s=settings.concurrency_grace_s,
-                   slot_ttl_s=settings.slot_ttl_s())  # fmt: skip
+                   slot_ttl_s=settings.slot_ttl_s(),
+                   leases=leases, batch=True)  # fmt: skip
 
     async def admit(self, tenant: TenantConfig, *, request_id: str, tokens: int) -> Ticket:
         """Reserve every limit of ``tenant`` or raise ``RateLimited`` / ``BudgetExceeded`` naming the limit."""
@@ -156,6 +170,10 @@ class Admitter:
         if not limits:
             return ticket
         ticket.admitted_at = self._clock.wall()
+        limits, drawn = self._draw_leases(limits, ticket)
+        if not limits:  # every limit passed here, under a lease
+            ticket.granted_at = ticket.admitted_at
+            return ticket
         result = await self._admit(limits, ticket, release=False)
         slot_key = ticket.slot.key if ticket.slot is not None else None
         if not result.allowed and result.tripped == slot_key and slot_key in self._releasing:
@@ -167,6 +185,7 @@ class Admitter:
         if result.allowed:
             ticket.granted_at = self._clock.wall()
             return ticket
+        self._undraw(drawn, ticket)
         reason = reason_of(result.tripped or "")
         if reason == "budget":
             raise BudgetExceeded(
@@ -185,7 +204,7 @@ class Admitter:
         settlements have not landed (only after a concurrency refusal: on the common path they cost nothing)."""
         limits = [self._with_local_accounting(limit, release=release) for limit in limits]
         try:
-            result = await self._store.admit(limits, now=ticket.admitted_at)
+            result = await self._ask_store(limits, now=ticket.admitted_at)
         except Exception as exc:  # the shared store is away: apply the configured failure mode
             self._metrics.child(self._metrics.store_failures, "admit").inc()
             if self._failure_mode == "closed":
@@ -219,6 +238,47 @@ class Admitter:
         left = max(0.0, limit.limit_usd - known)
         return replace(limit, limit_usd=known + share * left, pending_usd=known + limit.pending_usd)
 
+    async def _ask_store(self, limits: list[Limit], *, now: float) -> Admission:
+        result = await self._ask(limits, now=now)
+        if result.spent_usd is not None and self.leases is not None:  # a fresh budget lease
+            budget = next((lim for lim in limits if isinstance(lim, BudgetLimit)), None)
+            if budget is not None:
+                self.leases.saw_spend(budget.key, result.spent_usd)
+        return result
+
+    def _draw_leases(self, limits: list[Limit], ticket: Ticket) -> tuple[list[Limit], list[WindowLimit]]:
+        """The limits left for the store once this replica's leases have covered what they can, and the window
+        draws made (given back if the store then refuses the request)."""
+        leases = self.leases
+        if leases is None or not leases.enabled:
+            return limits, []
+        rest: list[Limit] = []
+        drawn: list[WindowLimit] = []
+        for limit in limits:
+            if isinstance(limit, WindowLimit) and leases.take(limit):
+                drawn.append(limit)
+                if ticket.tpm is not None and limit.key == ticket.tpm.key:
+                    ticket.leased_tpm, ticket.tpm = ticket.tpm, None
+            elif isinstance(limit, BudgetLimit) and leases.budget_covered(
+                replace(limit, pending_usd=self._unbilled.get(limit.key, 0.0))
+            ):
+                pass
+            else:
+                rest.append(limit)
+        return rest, drawn
+
+    def _undraw(self, drawn: list[WindowLimit], ticket: Ticket) -> None:
+        if self.leases is not None:
+            for limit in drawn:
+                self.leases.give_back(limit)
+        if ticket.leased_tpm is not None:
+            ticket.tpm, ticket.leased_tpm = ticket.leased_tpm, None
+
+    async def close(self) -> None:
+        """End this replica's leases, returning their unused parts to the store."""
+        if self.leases is not None:
+            await self.leases.close()
+
     def _with_local_accounting(self, limit: Limit, *, release: bool) -> Limit:
         if release and isinstance(limit, SlotLimit) and self._releasing.get(limit.key):
             return replace(limit, releasing=tuple(self._releasing[limit.key]))
@@ -237,6 +297,8 @@ class Admitter:
         if ticket.budget_key and cost_usd > 0:
             self._unbilled[ticket.budget_key] = self._unbilled.get(ticket.budget_key, 0.0) + cost_usd
         windows: tuple[WindowLimit, ...] = ()
+        if ticket.leased_tpm is not None and self.leases is not None:
+            self.leases.adjust(ticket.leased_tpm.key, ticket.reserved_tokens - used_tokens)
         if ticket.tpm is not None and used_tokens != ticket.reserved_tokens:
             correction = used_tokens - ticket.reserved_tokens
             windows = (replace(ticket.tpm, cost=correction, reserved_at=ticket.admitted_at),)
@@ -268,6 +330,8 @@ class Admitter:
         """The store's ledger has ``records`` (and their spend): stop counting their cost locally."""
         for r in records:
             key = spend_key(r.tenant)
+            if self.leases is not None:  # the store's counter now holds it: so does the lease's view of it
+                self.leases.landed_spend(key, r.cost_usd)
             left = self._unbilled.get(key, 0.0) - r.cost_usd
             if left > 1e-12:
                 self._unbilled[key] = left

@@ -8,9 +8,10 @@ Label sets are bounded: ``tenant`` and ``model`` come from the config files, ``w
 from __future__ import annotations
 
 import asyncio
+import os
 from typing import Any, Final
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 
 from fleet.store.protocol import UsageRecord
 
@@ -34,6 +35,8 @@ SPOOL_BYTES: Final = "gearshift_gateway_spool_bytes"
 SPOOL_FULL: Final = "gearshift_gateway_spool_full"
 ASYNCIO_TASKS: Final = "gearshift_gateway_asyncio_tasks"
 OPEN_CONNECTIONS: Final = "gearshift_gateway_open_connections"
+MULTIPROC_DIR_ENV: Final = "PROMETHEUS_MULTIPROC_DIR"
+"""Set (to a directory shared by the processes) for Prometheus's multiprocess mode: ``gearshift gateway --workers``."""
 QUEUE_DEPTH: Final = "gearshift_gateway_queue_depth"
 QUEUED_TIME: Final = "gearshift_gateway_queued_seconds"
 SHED: Final = "gearshift_gateway_shed_requests"
@@ -58,6 +61,17 @@ def _running_tasks() -> float:
 
 class GatewayMetrics:
     """Every gateway metric, registered on ``registry``."""
+
+    def exposition(self) -> bytes:
+        """The text exposition of ``/metrics``: this registry's metrics; under ``gearshift gateway --workers N``
+        (``PROMETHEUS_MULTIPROC_DIR`` set) every worker process's, merged: counters and histograms summed, gauges
+        one series per process (``pid``). Function gauges (asyncio tasks, open connections) are per process and
+        are left out there."""
+        if MULTIPROC_DIR_ENV in os.environ:
+            merged = CollectorRegistry()
+            multiprocess.MultiProcessCollector(merged)  # type: ignore[no-untyped-call]
+            return generate_latest(merged)
+        return generate_latest(self.registry)
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()

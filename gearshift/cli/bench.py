@@ -149,7 +149,7 @@ def gateway(
             )
             launchers += gearshift_launchers(tree, suffix=f"@{baseline}")
         config = GatewayBenchConfig(
-            concurrencies=tuple(concurrency or (1, 16, 64)),
+            concurrencies=tuple(concurrency or GatewayBenchConfig.concurrencies),
             duration_s=duration,
             warmup_s=min(2.0, duration),
             ttfc_duration_s=ttfc_seconds,

@@ -263,3 +263,32 @@ async def test_a_batch_of_settlements_of_several_tenants_is_applied_in_one_call(
         assert all([(await store.admit([lim], now=T0 + 1)).allowed for lim in limits])
         assert not (await store.admit([WindowLimit(key=f"tpm:{tenant}", cost=201, limit=300)], now=T0 + 1)).allowed
         assert (await store.admit([WindowLimit(key=f"tpm:{tenant}", cost=200, limit=300)], now=T0 + 1)).allowed
+
+
+async def test_admit_many_answers_each_call_in_order_as_admit_would(harness: StoreHarness) -> None:
+    store = harness.store
+    other = WindowLimit(key="rpm:u", cost=1, limit=1, window_s=60.0)  # another scope (on a cluster, maybe a node)
+    calls: list[tuple[list[Limit], float]] = [
+        ([rpm(2), slot("a")], T0),
+        ([rpm(2), slot("b")], T0),
+        ([rpm(2), slot("c")], T0),  # the window is full: refused, nothing of it reserved
+        ([other], T0),
+        ([], T0),
+        ([other], T0),
+    ]
+    results = await store.admit_many(calls)
+    assert [r.allowed for r in results] == [True, True, False, True, True, False]
+    assert results[2].tripped == "rpm:t"
+    assert results[5].tripped == "rpm:u"
+    # what the batch reserved is what one admit after another would have: the slots a and b are held
+    assert not (await store.admit([slot("d")], now=T0 + 1)).allowed
+    assert await store.admit_many([]) == []
+
+
+async def test_admit_many_reports_the_spend_each_budget_check_read(harness: StoreHarness) -> None:
+    store = harness.store
+    await store.settle(windows=(), slots=(), spend={spend_key("t"): 3.0}, now=T0)
+    budget = BudgetLimit(key=spend_key("t"), limit_usd=5.0)
+    over = BudgetLimit(key=spend_key("t"), limit_usd=5.0, pending_usd=2.0)
+    results = await store.admit_many([([budget], T0), ([over], T0)])
+    assert [(r.allowed, r.spent_usd) for r in results] == [(True, 3.0), (False, 3.0)]
