@@ -28,6 +28,7 @@ from fleet.clock import SystemClock
 from fleet.config import FleetConfig
 from fleet.store.redis import RedisStore
 from fleet.worker_mode import Mode, Phase, read_modes
+from gateway.routing.filters.eligibility import routable
 from tests.gateway.harness import RunningGateway, eventually, make_tenants, serve_gateway
 from tests.sims import sim_servers
 
@@ -102,8 +103,9 @@ async def test_off_requests_land_only_on_the_drafter_free_worker_and_a_forbidden
                 record = (await read_modes(stores[0])).get("w0")
                 if record is None or (record.mode, record.phase) != (Mode.DRAFTER_FREE, Phase.SERVING):
                     return False
-                return all((m := g.gw.pool.views["w0"].mode) is not None and m.mode is Mode.DRAFTER_FREE
-                           for g in gateways)  # fmt: skip
+                views = [g.gw.pool.views["w0"] for g in gateways]  # read, back up and probed healthy at each
+                return all(v.mode is not None and v.mode.mode is Mode.DRAFTER_FREE and routable(v, clock.wall())
+                           for v in views)  # fmt: skip
 
             await eventually(w0_drafter_free_at_every_gateway, timeout_s=10.0, every_s=0.05)
             assert sims[0].worker.restarts == 1
