@@ -65,9 +65,10 @@ def _gears(clock: ManualClock, restarter: FailingRestarter) -> GearModes:
 
 
 async def _run(g: GearModes, clock: ManualClock, ticks: int, *, w0_fresh: bool = True) -> None:
-    """Ticks 2 s apart: k = 0 pays on w0 (so the rule moves it), on no other worker."""
+    """Ticks 2 s apart: k = 0 pays on w0 (so the rule moves it: its predicted gain, 200 tok/s over the 60 s
+    horizon, beats the restart's cost, 60 s of its third of the load), on no other worker."""
     for _ in range(ticks):
-        w0 = GearObservation("w0", w0_fresh, 0.0 if w0_fresh else None, True, False, 100.0, 1000.0)
+        w0 = GearObservation("w0", w0_fresh, 0.0 if w0_fresh else None, True, False, 100.0, 1000.0, gain_tok_s=200.0)
         others = [GearObservation(w, True, 0.0, False, False, 100.0, 1000.0) for w in ("w1", "w2")]
         await g.tick([w0, *others])
         clock.advance(2.0)
