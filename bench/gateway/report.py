@@ -137,8 +137,9 @@ def _throughput_section(result: GatewayBenchResult, names: list[str]) -> list[st
         "minus the direct upstream's in the same run. *vs floor* is the target's rate over the minimal "
         "pass-through's. *CPU µs/req* is the CPU time (user + system, from `/proc/<pid>/stat`) the proxy process "
         "used during the run divided by the requests it served: what one request costs the proxy's core. "
-        "*Redis cmd/req* is the commands the bench's Redis ran during the run (`INFO commandstats`, the INFO reads "
-        "left out) divided by the requests served.",
+        "*Redis cmd/req* is the scripts and transactions the bench's Redis ran during the run (EVALSHA, EVAL and EXEC "
+        "in `INFO commandstats`: the gateway's round trips; the commands a script runs inside Redis are not counted) "
+        "divided by the requests served; both Redis targets' background loops count in each other's runs.",
         *_rounds_note(result),
         "",
         "### Throughput and latency table",
