@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 from bench.gateway.targets import CommandLauncher
 from bench.markdown import parse_table
 from bench.policy.report import PLAN_KEY
+from bench.policy.suite import family_profiles
 from gearshift.cli.app import app
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -81,7 +82,7 @@ def test_bench_policies_smoke(tmp_path: Path) -> None:
     assert set(run) >= {"goodput_tok_s", "throughput_tok_s", "backlog_requests", "sla_attainment",
                         "switches_per_worker_min"}  # fmt: skip
     assert run["sla_attainment"].keys() == {"interactive"}
-    _assert_pngs(md, tmp_path, 8)
+    _assert_pngs(md, tmp_path, 4 * len(family_profiles()))  # goodput, frontier, cost, k over time
 
 
 @pytest.mark.redis
