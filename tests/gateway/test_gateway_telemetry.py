@@ -91,6 +91,7 @@ async def test_metric_labels_are_bounded(upstreams: StartUpstreams) -> None:
         "le",
         "outcome",
         "pool",
+        "speculation",  # auto, off or fast (fleet.config.SpeculationMode)
     }
     values = {v for f in families.values() for s in f.samples for v in s.labels.values()}
     assert not any("unique-" in v or "no-such-model" in v for v in values)
