@@ -33,19 +33,22 @@ BATCH = 8
 @pytest.fixture(scope="module")
 def servers(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     logs = tmp_path_factory.mktemp("idle")
-    cpu = CpuOptions()
-    spec = tiny_worker(port=free_port(), model_dir=tiny_model_dir, worker_id="tiny-skip")
-    plain = tiny_worker(port=free_port(), model_dir=tiny_model_dir, worker_id="tiny-plain")
     draft = {"method": "draft_model", "model": str(tiny_model_dir)}
-    plans = {"skip": tiny_plan(spec, cpu=cpu, speculative_extra=draft), "plain": without_speculation(tiny_plan(plain))}
-    urls = {"skip": spec.url, "plain": plain.url}
     env = {"GEARSHIFT_CONTROL_TOKEN": CONTROL_TOKEN}
+    urls: dict[str, str] = {}
     try:
         with ExitStack() as stack:
-            for name, plan in plans.items():
+            for name in ("skip", "plain"):  # each port taken just before its server starts (others share the host)
+                worker = tiny_worker(port=free_port(), model_dir=tiny_model_dir, worker_id=f"tiny-{name}")
+                plan = tiny_plan(worker, cpu=CpuOptions(), speculative_extra=draft)
+                urls[name] = worker.url
                 stack.enter_context(
                     running_server(
-                        plan, url=urls[name], log_path=logs / f"{name}.log", extra_env=env, ready_timeout_s=600.0
+                        plan if name == "skip" else without_speculation(plan),
+                        url=worker.url,
+                        log_path=logs / f"{name}.log",
+                        extra_env=env,
+                        ready_timeout_s=600.0,
                     )
                 )
             yield urls | {"log": str(logs / "skip.log")}
