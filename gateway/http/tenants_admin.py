@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Body, Query
 from pydantic import BaseModel, ValidationError
 
-from fleet.config import ConfigError, TenantConfig, parse_model
+from fleet.config import ConfigError, SpeculationMode, TenantConfig, parse_model
 from fleet.store.keys import spend_key
 from gateway.errors import Conflict, InvalidRequest, NotFound
 from gateway.http.deps import AdminDep, GatewayDep
@@ -53,6 +53,8 @@ class TenantView(BaseModel):
     """USD; the spend it is checked against is ``spent_usd`` of ``GET /admin/v1/tenants/{id}``."""
     suspended: bool
     workload: str | None
+    speculation_header: list[SpeculationMode] = []
+    """The ``x-gearshift-speculation`` values the tenant may send (empty: the header is refused)."""
     key_ids: list[str]
     """The tenants file's keys of this tenant (run-time keys: ``GET /admin/v1/keys``)."""
     source: Literal["tenants-file", "runtime"]
