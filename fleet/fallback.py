@@ -9,8 +9,10 @@ Two pure steps on the shared performance model (``fleet.capacity``):
   compromise), with one batch size given to each gear it lacks, because Model Runner V2
   captures a decode graph only for the gears of the start-up table (``workers.vllm.gears``). Each such
   sacrificial row goes where the predicted relative goodput loss is smallest: a batch size the KV cache never
-  reaches costs nothing, and batch 1 (an idle worker's single stream) and the KV cache's reach (where a
-  saturated worker sits: today's table ran k = 0 there) are taken only when nothing else holds every gear.
+  reaches costs nothing, and the rows go to the batch sizes just under the reach: a saturated worker sits at
+  the reach (the old table ran k = 0 there) and a quiet one at small batch sizes (a closed loop of c clients sits
+  at exactly c: a row at batch 4 cost the lab's concurrency-4 phase 60 %), while the sizes just under the full
+  batch are only passed through as the batch fills or drains. Elsewhere only when those cannot hold every gear.
 """
 
 from __future__ import annotations
@@ -93,20 +95,21 @@ def placement_loss(profile: Profile, mix: MixPoint, batch: int, *, k_from: int, 
 
 def fallback_table(profile: Profile, mix: MixPoint, *, max_num_seqs: int, gears: Sequence[int]) -> Schedule:
     """The table tuned per batch size, with one batch size for each of ``gears`` it lacks: the assignment of
-    least summed loss (exact, by dynamic programming over the missing gears), batch 1 and the KV cache's reach
-    taken only when the other batch sizes cannot hold every gear; a batch size is taken only from a k that
-    keeps another."""
+    least summed loss (exact, by dynamic programming over the missing gears) among the batch sizes just under the
+    KV cache's reach (or past it), others only when those cannot hold every gear; a batch size is taken only
+    from a k that keeps another."""
     if len(set(gears)) > max_num_seqs:
         raise ValueError(f"{len(set(gears))} gears need {len(set(gears))} batch sizes; max_num_seqs is {max_num_seqs}")
     ks = dense(tuned_table(profile, mix, max_num_seqs, bands=range(1, max_num_seqs + 1)), max_num_seqs)
     reachable = max_batch(profile, mix, max_num_seqs)
     missing = sorted(set(gears) - set(ks))
     spare = {k: ks.count(k) - 1 for k in set(ks)}
-    resident_penalty = 1.0 if max_num_seqs - 2 >= len(set(gears)) else 0.0
+    window = range(max(2, reachable - len(missing)), reachable)
+    penalty = 1.0 if len(window) >= len(missing) else 0.0
     cost = [
         [
             placement_loss(profile, mix, b, k_from=ks[b - 1], k_to=g, reachable=reachable)
-            + (resident_penalty if b in (1, reachable) else 0.0)
+            + (penalty if b <= reachable and b not in window else 0.0)
             for g in missing
         ]
         for b in range(1, max_num_seqs + 1)

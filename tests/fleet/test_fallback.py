@@ -8,7 +8,7 @@ import pytest
 
 from fleet.capacity import best_k, max_batch
 from fleet.config import load_fleet
-from fleet.fallback import dense, fallback_table, general_mix, goodput, placement_loss, rows_of, tuned_table
+from fleet.fallback import dense, fallback_table, general_mix, goodput, rows_of, tuned_table
 from fleet.perf import load_profile
 from tests.vllm.test_gears import KIMI_FLEET
 from workers.vllm.gears import gear_plan, gear_priority
@@ -49,25 +49,21 @@ def test_the_fallback_is_no_worse_where_it_differs_except_on_its_sacrificial_row
 
 
 @pytest.mark.parametrize("name", PROFILES)
-@pytest.mark.parametrize("seqs", [8, 32])
-def test_the_fallback_loses_less_on_average_and_nothing_at_the_saturated_batch(name: str, seqs: int) -> None:
-    profile, (old, new, _) = load_profile(name), _tables(name, seqs)
+@pytest.mark.parametrize("seqs", [32, 128])
+def test_the_fallback_is_no_worse_off_the_rows_just_under_the_full_batch(name: str, seqs: int) -> None:
+    """Off the rows just under the reach (where a filling or draining batch only passes through) the fallback is
+    no worse than today's table at any batch size, the full batch included. On those rows a sacrificial k costs
+    about as much as today's did there (not asserted: one more of them, since the full batch keeps its k)."""
+    profile, (old, new, sacrificed) = load_profile(name), _tables(name, seqs)
     mix = general_mix(profile)
     reach = max_batch(profile, mix, seqs)
-
-    def mean_loss(ks: list[int]) -> float:
-        return (
-            sum(
-                placement_loss(profile, mix, b, k_from=best_k(profile, mix, b), k_to=ks[b - 1], reachable=reach)
-                for b in range(1, seqs + 1)
-            )
-            / seqs
-        )
-
-    assert mean_loss(new) <= mean_loss(old) + 1e-12
-    if seqs - 2 >= len(set(new)):  # room to keep the sacrificial rows off the resident batches
-        assert goodput(profile, mix, reach, new[reach - 1]) >= goodput(profile, mix, reach, old[reach - 1])
-        assert new[0] == best_k(profile, mix, 1)
+    top = range(max(2, reach - len(sacrificed)), reach + 1)
+    assert len(top) - 1 >= len(sacrificed)
+    for batch in range(1, reach + 1):
+        if batch not in top:
+            assert goodput(profile, mix, batch, new[batch - 1]) >= goodput(profile, mix, batch, old[batch - 1])
+    assert new[reach - 1] == best_k(profile, mix, reach)
+    assert goodput(profile, mix, reach, new[reach - 1]) >= goodput(profile, mix, reach, old[reach - 1])
 
 
 def test_tp16_no_longer_runs_k0_at_the_full_batch() -> None:
