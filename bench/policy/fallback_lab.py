@@ -54,7 +54,9 @@ def render(results: Sequence[tuple[Profile, Scenario, dict[str, RunMetrics]]], c
         "the same seeded trace for both tables. `today` is the start-up table the launcher wrote before issue 27",
         "(k_max, then one sacrificial batch size per lower gear at the top: k = 0 at the full batch); `fallback`",
         "is `fleet.fallback.fallback_table` for the general mix, which is what runs while no controller does.",
-        "Goodput in output tokens/s of requests that met their tier's SLA.",
+        "Goodput in output tokens/s of requests that met their tier's SLA. The fallback is tuned for a general mix",
+        "(every acceptance class alike), so on a one-class scenario (maths) it can pick a shorter k than that",
+        "traffic wants; the controller, when it runs, tunes to the traffic it sees.",
         "",
     ]
     for profile, scenario, runs in results:
