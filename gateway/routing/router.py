@@ -110,6 +110,9 @@ def default_router(
                         s.weight_prefix))  # fmt: skip
         hooks.append(PrefixRecorder(prefix))
     filters: list[Filter] = [
-        ModelFilter(), *ELIGIBILITY, SpeculationFilter(), *([placement] if placement is not None else [])
+        ModelFilter(),
+        *ELIGIBILITY,
+        SpeculationFilter(),
+        *([placement] if placement is not None else []),
     ]  # the request's speculation mode is a hard rule, so before placement chooses among what is left
     return Router(filters, scorers, hooks=hooks, rng=rng)
