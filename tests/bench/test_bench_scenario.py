@@ -64,7 +64,8 @@ def test_built_in_scenarios_load_and_cover_the_issue() -> None:
         assert len(sc.profiles) == 1, name
     surge = scenarios["plan-surge"]  # issue 25: the load triples in one step, far faster than any restart
     rates = [p.arrival.load for p in surge.phases if p.arrival.kind == "poisson"]
-    assert rates[0] is not None and rates[1] is not None
+    assert rates[0] is not None
+    assert rates[1] is not None
     assert rates[1] == pytest.approx(3 * rates[0])
     assert scenarios["plan-steady-batch"].plan_gain
     assert is_mixed_tier(scenarios["plan-steady-batch"])
