@@ -236,7 +236,9 @@ def decide(
     (None: every k); ``drafter_loaded``: the worker was started with its drafter (every worker it shifts is);
     ``ttft_target_s``: the tightest TTFT target of its tiers, seconds (None: none)."""
     gears = advertised_gears(est.k_max, full_speed, config.k_tiers)
-    ks = sorted({0, *gears, min(est.k_current, est.k_max)})  # k = 0: the safe fallback is always a candidate
+    # k = 0, the safe fallback, is always a candidate unless the operator's k_tiers leave it out on purpose.
+    fallback = {0} if config.k_tiers is None or 0 in config.k_tiers else set()
+    ks = sorted({*fallback, *gears, min(est.k_current, est.k_max)})
     risk, risk_text = _risk(est, config)
     margin = 1.0 - config.tpot_margin
 
