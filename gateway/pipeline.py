@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import replace
 
@@ -20,15 +20,12 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from starlette.responses import Response
 from starlette.types import Receive, Send
 
-from fleet.config import SpeculationMode
 from fleet.plan import traffic_class
 from gateway import errors
 from gateway.intake.admission import Ticket
 from gateway.intake.auth import Principal
-from gateway.intake.session import request_session
+from gateway.intake.hints import RequestHints
 from gateway.routing.context import RouteContext
-from gateway.routing.filters.placement import request_workload
-from gateway.routing.filters.speculation import request_speculation
 from gateway.routing.pool import WorkerView
 from gateway.routing.prefix import request_blocks
 from gateway.upstream import relay
@@ -54,24 +51,18 @@ async def complete(
     receive: Receive | None,
     send: Send,
     headers: Sequence[tuple[bytes, bytes]] = (),
-    workload_header: str | None = None,
-    session_header: str | None = None,
-    speculation_header: str | None = None,
+    request_headers: Iterable[tuple[bytes, bytes]] = (),
 ) -> Response | None:
-    """Serve one completion request whose body ``raw`` has been read (``workload_header``: its
-    ``x-gearshift-workload``, see ``gateway.routing.placement``; ``session_header``: its ``x-gearshift-session``;
-    ``speculation_header``: its ``x-gearshift-speculation``, see ``gateway.routing.filters.speculation``).
-    Returns the whole answer for the caller to send, or None when the answer was streamed on ``send`` (its head
-    carrying ``headers``); raises a ``GatewayError`` for an error to answer instead, never once a stream has
-    started. ``started`` is the clock's
-    monotonic time when the request arrived, ``receive`` the ASGI channel that tells when the client leaves."""
+    """Serve one completion request whose body ``raw`` has been read (``request_headers``: the request's, for its
+    ``x-gearshift-*`` hints, ``gateway.intake.hints``). Returns the whole answer for the caller to send, or None
+    when the answer was streamed on ``send`` (its head carrying ``headers``); raises a ``GatewayError`` for an
+    error to answer instead, never once a stream has started. ``started`` is the clock's monotonic time when the
+    request arrived, ``receive`` the ASGI channel that tells when the client leaves."""
     req = endpoint.parse(raw, gw.body_rules)
     authorise(gw, principal, req)  # 404 / 403 / 400
     gw.overload.brownout_cap(req, principal.tier)  # lower max_tokens while the brownout is on
     call = Call(gw, principal, req, endpoint, request_id, started)
-    call.workload = request_workload(workload_header, principal.tenant)  # 400 for a malformed hint
-    call.session = request_session(session_header)  # 400 for a malformed session id
-    call.speculation = request_speculation(speculation_header, principal.tenant, principal.tier)  # 400: not allowed
+    call.hints = RequestHints.read(request_headers, principal)  # 400 for a malformed or forbidden hint
     tail = None
     with relay.DisconnectGuard(receive) as guard:  # a client that leaves cancels the call
         try:
@@ -112,12 +103,8 @@ class Call:
     ticket: Ticket | None = None
     metered = False
     """The call has been metered (its usage record written and its ticket settled)."""
-    workload: str | None = None
-    """The request's workload hint (``gateway.routing.placement.request_workload``)."""
-    session: str | None = None
-    """The client's session id (``gateway.intake.session``), kept in the ledger for replays."""
-    speculation = SpeculationMode.AUTO
-    """The request's speculation mode (``gateway.routing.filters.speculation``), routed on and metered."""
+    hints = RequestHints()
+    """The request's checked ``x-gearshift-*`` hints: workload, session and speculation mode."""
 
     def __init__(
         self,
@@ -161,7 +148,7 @@ class Call:
             try:
                 return await gw.admitter.admit(tenant, request_id=self.request_id, tokens=tokens)
             except errors.RateLimited as exc:
-                gw.metrics.admission_rejections.labels(tenant=tenant.id, reason=exc.limit).inc()
+                gw.metrics.rejected(tenant.id, exc.limit)
                 span.set_attribute("gearshift.limit", exc.limit)
                 raise
 
@@ -177,8 +164,8 @@ class Call:
                 )  # fmt: skip
                 ctx = RouteContext(
                     model=req.model, tier=self.principal.tier, now=gw.clock.wall(), prompt_tokens=req.prompt_tokens,
-                    traffic_class=traffic_class(self.principal.tier_name, self.workload),
-                    plan=gw.pool.plans.get(req.model), prefix_blocks=blocks, speculation=self.speculation,
+                    traffic_class=traffic_class(self.principal.tier_name, self.hints.workload),
+                    plan=gw.pool.plans.get(req.model), prefix_blocks=blocks, speculation=self.hints.speculation,
                 )  # fmt: skip
             else:  # routed again after queueing: the plan and the time have moved on
                 ctx = replace(ctx, now=gw.clock.wall(), plan=gw.pool.plans.get(req.model))
@@ -286,9 +273,9 @@ class Call:
             wall=gw.clock.wall(),
             now=now,
             tier=self.principal.tier_name,
-            workload=self.workload,
-            session=self.session,
-            speculation=self.speculation.value,
+            workload=self.hints.workload,
+            session=self.hints.session,
+            speculation=self.hints.speculation.value,
             pricing=model.pricing if (model := gw.fleet.model(self.req.model)) is not None else None,
             admitted_at=ticket.granted_at,
         )

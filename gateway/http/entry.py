@@ -23,10 +23,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from gateway import errors
 from gateway.intake.admin_guard import ADMIN_ID, ADMIN_PREFIX
-from gateway.intake.session import SESSION_HEADER
 from gateway.pipeline import complete
-from gateway.routing.filters.placement import WORKLOAD_HEADER
-from gateway.routing.filters.speculation import SPECULATION_HEADER
 from gateway.upstream.endpoints import CHAT, RESPONSES, TEXT, Endpoint
 from gateway.wiring import Gateway
 
@@ -152,8 +149,7 @@ async def serve_completion(
         raw = await read_body(scope, receive, gw.settings.max_body_bytes)
         response = await complete(
             gw, principal, raw, endpoint=endpoint, request_id=request_id, started=started, receive=receive,
-            send=send, headers=(id_header,), workload_header=_header(scope, WORKLOAD_HEADER),
-            session_header=_header(scope, SESSION_HEADER), speculation_header=_header(scope, SPECULATION_HEADER),
+            send=send, headers=(id_header,), request_headers=scope["headers"],
         )  # fmt: skip
     except errors.GatewayError as exc:
         response = errors.respond(exc, gw.metrics)
