@@ -59,21 +59,16 @@ end
 """
 )
 
-ADMIT = (
+_ADMIT_LIB = (
     _WINDOW_LIB
     + """
--- KEYS: one per limit. ARGV: now, NB, slot retry-after, clock flag, then 4 per limit: kind ('w'|'s'|'b'|'r') and
--- three parameters:
+-- One admission: KEYS[k0 + 1 .. k0 + n], 4 ARGV per key from ARGV[a0 + 1]: kind ('w'|'s'|'b'|'r') and three
+-- parameters:
 --   w: cost, limit, window_s    s: slot_id, limit, ttl_s    b: limit_usd, pending_usd, ''
---   r: slot_id, '', '' (a finished request's slot on this key, freed before any check)
+--   r: slot_id, '', '' (a finished request's slot on this key, freed before any check, even on a refusal)
 -- returns {1, spent} when admitted, else {0, index of the refusing limit, retry_after_s, spent}; spent is the budget
--- counter as read by the check ('' when no budget limit was checked)
-local now = clock_now()
-for i = 1, #KEYS do
-  local base = 4 + (i - 1) * 4
-  if ARGV[base + 1] == 'r' then redis.call('ZREM', KEYS[i], ARGV[base + 2]) end
-end
-local function retry_window(key, cost, limit, window)
+-- counter as read by the check ('' when no budget limit was checked). ARGV[3] is the slot retry-after.
+local function retry_window(key, cost, limit, window, now)
   local live = live_buckets(key, window, now)
   local used = 0
   for _, b in ipairs(live) do used = used + b[2] end
@@ -87,43 +82,74 @@ local function retry_window(key, cost, limit, window)
   end
   return window
 end
-local function retry_slot(key, slot_id, limit)
+local function retry_slot(key, slot_id, limit, now)
   redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%.17g', now))
   if redis.call('ZSCORE', key, slot_id) then return nil end
   if redis.call('ZCARD', key) < limit then return nil end
   return tonumber(ARGV[3])
 end
-local spent_seen = ''
-for i = 1, #KEYS do
-  local base = 4 + (i - 1) * 4
-  local kind = ARGV[base + 1]
-  local retry = nil
-  if kind == 'w' then
-    retry = retry_window(KEYS[i], tonumber(ARGV[base + 2]), tonumber(ARGV[base + 3]), tonumber(ARGV[base + 4]))
-  elseif kind == 's' then
-    retry = retry_slot(KEYS[i], ARGV[base + 2], tonumber(ARGV[base + 3]))
-  elseif kind == 'b' then
-    local counter = redis.call('GET', KEYS[i]) or '0'
-    spent_seen = counter
-    if tonumber(counter) + tonumber(ARGV[base + 3]) >= tonumber(ARGV[base + 2]) then retry = 0 end
+local function admit(k0, n, a0, now)
+  for i = 1, n do
+    local base = a0 + (i - 1) * 4
+    if ARGV[base + 1] == 'r' then redis.call('ZREM', KEYS[k0 + i], ARGV[base + 2]) end
   end
-  if retry then return {0, i, string.format('%.17g', retry), spent_seen} end
-end
-for i = 1, #KEYS do
-  local base = 4 + (i - 1) * 4
-  local kind = ARGV[base + 1]
-  if kind == 'w' then
-    reserve(KEYS[i], tonumber(ARGV[base + 2]), tonumber(ARGV[base + 4]), now)
-  elseif kind == 's' then
-    local ttl = tonumber(ARGV[base + 4])
-    redis.call('ZADD', KEYS[i], string.format('%.17g', now + ttl), ARGV[base + 2])
-    redis.call('PEXPIRE', KEYS[i], math.ceil((ttl + 60) * 1000))
+  local spent_seen = ''
+  for i = 1, n do
+    local base = a0 + (i - 1) * 4
+    local kind, key = ARGV[base + 1], KEYS[k0 + i]
+    local retry = nil
+    if kind == 'w' then
+      retry = retry_window(key, tonumber(ARGV[base + 2]), tonumber(ARGV[base + 3]), tonumber(ARGV[base + 4]), now)
+    elseif kind == 's' then
+      retry = retry_slot(key, ARGV[base + 2], tonumber(ARGV[base + 3]), now)
+    elseif kind == 'b' then
+      local counter = redis.call('GET', key) or '0'
+      spent_seen = counter
+      if tonumber(counter) + tonumber(ARGV[base + 3]) >= tonumber(ARGV[base + 2]) then retry = 0 end
+    end
+    if retry then return {0, i, string.format('%.17g', retry), spent_seen} end
   end
+  for i = 1, n do
+    local base = a0 + (i - 1) * 4
+    local kind, key = ARGV[base + 1], KEYS[k0 + i]
+    if kind == 'w' then
+      reserve(key, tonumber(ARGV[base + 2]), tonumber(ARGV[base + 4]), now)
+    elseif kind == 's' then
+      local ttl = tonumber(ARGV[base + 4])
+      redis.call('ZADD', key, string.format('%.17g', now + ttl), ARGV[base + 2])
+      redis.call('PEXPIRE', key, math.ceil((ttl + 60) * 1000))
+    end
+  end
+  return {1, spent_seen}
 end
-return {1, spent_seen}
+"""
+)
+
+ADMIT = (
+    _ADMIT_LIB
+    + """
+-- KEYS: one per limit. ARGV: now, NB, slot retry-after, clock flag, then 4 per limit (see admit above)
+return admit(0, #KEYS, 4, clock_now())
 """
 )
 """ARGV[3] is the slot retry-after, ARGV[4] the clock flag; limits start at ARGV[5]."""
+
+ADMIT_MANY = (
+    _ADMIT_LIB
+    + """
+-- Several admissions of one scope, in order, each all-or-nothing as ADMIT alone would be. KEYS: every admission's
+-- keys in turn. ARGV: now, NB, slot retry-after, clock flag, then per admission: its caller's now, its number of
+-- keys n, and 4 per key. Returns one ADMIT reply per admission.
+local server_now = SERVER_CLOCK and clock_now() or nil
+local out, k0, a = {}, 0, 5
+while a <= #ARGV do
+  local n = tonumber(ARGV[a + 1])
+  out[#out + 1] = admit(k0, n, a + 1, server_now or tonumber(ARGV[a]))
+  k0, a = k0 + n, a + 2 + 4 * n
+end
+return out
+"""
+)
 
 SETTLE = (
     _WINDOW_LIB

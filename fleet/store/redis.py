@@ -229,6 +229,7 @@ class RedisStore:
         self._known_tenants: set[str] = set()
         """Tenants already in the ``{ledger}:tenants`` set (so an append adds them once per process)."""
         self._admit = _Script(client, lua.ADMIT, "RedisStore.admit")
+        self._admit_many = _Script(client, lua.ADMIT_MANY, "RedisStore.admit_many")
         self._settle = _Script(client, lua.SETTLE, "RedisStore.settle")
         self._worker_states = _Script(client, lua.WORKER_STATES, "RedisStore.worker_states")
         self._docs = _Script(client, lua.DOCS, "RedisStore.docs")
@@ -332,14 +333,47 @@ class RedisStore:
 
     @checks_own_cancellation
     async def admit_many(self, calls: Sequence[tuple[Sequence[Limit], float]]) -> list[Admission]:
-        todo = [(limits, self._admit_call(limits, now)) for limits, now in calls if limits]
-        replies = iter(await self._admit.many([call for _, call in todo]) if todo else [])
-        return [_admission(limits, next(replies)) if limits else Admission(allowed=True) for limits, _ in calls]
+        """One ``ADMIT_MANY`` script call per scope (a tenant's admits of one tick are one command, not one each),
+        the scopes' calls pipelined (on a cluster they may live on different nodes)."""
+        by_scope: dict[str, list[int]] = {}
+        for i, (limits, _) in enumerate(calls):
+            if limits:
+                by_scope.setdefault(scope_of(limits[0].key), []).append(i)
+        scripts = [self._admit_many_call([calls[i] for i in indices]) for indices in by_scope.values()]
+        if len(scripts) == 1:
+            groups = [await self._admit_many(keys=scripts[0][0], args=scripts[0][1])]
+        else:
+            groups = await self._admit_many.many(scripts) if scripts else []
+        results = [Admission(allowed=True)] * len(calls)
+        for indices, replies in zip(by_scope.values(), groups, strict=True):
+            for i, reply in zip(indices, replies, strict=True):
+                results[i] = _admission(calls[i][0], reply)
+        return results
+
+    def _admit_many_call(self, calls: Sequence[tuple[Sequence[Limit], float]]) -> tuple[list[str], list[str]]:
+        keys: list[str] = []
+        args = [_num(calls[0][1]), str(win.BUCKETS_PER_WINDOW), _num(win.SLOT_RETRY_AFTER_S), self._clock_flag]
+        for limits, now in calls:
+            call_keys, call_args = self._admit_parts(limits)
+            keys += call_keys
+            args += [_num(now), str(len(call_keys)), *call_args]
+        return keys, args
 
     def _admit_call(self, limits: Sequence[Limit], now: float) -> tuple[list[str], list[str]]:
+        keys, limit_args = self._admit_parts(limits)
+        return keys, [
+            _num(now),
+            str(win.BUCKETS_PER_WINDOW),
+            _num(win.SLOT_RETRY_AFTER_S),
+            self._clock_flag,
+            *limit_args,
+        ]
+
+    def _admit_parts(self, limits: Sequence[Limit]) -> tuple[list[str], list[str]]:
+        """The KEYS of one admission and its 4 ARGV per key (``lua.ADMIT``)."""
         single_scope(lim.key for lim in limits)
-        args = [_num(now), str(win.BUCKETS_PER_WINDOW), _num(win.SLOT_RETRY_AFTER_S), self._clock_flag]
         keys = [self._keys.limit(lim.key) for lim in limits]
+        args: list[str] = []
         for lim in limits:
             args += _limit_args(lim)
         for i, lim in enumerate(limits):  # after the limits, so a refusal's index still names one of them
