@@ -154,7 +154,7 @@ class CostAttribution:
             fallback_tpot_s={rt.config.id: fallback_tpot_s(rt) for rt in workers},
         )
         for tenant_id, value in shares.items():
-            self.metrics.tenant_cost.labels(tenant_id).inc(value)
+            self.metrics.tenant_cost.labels(self.metrics.tenant_label(tenant_id)).inc(value)
         for rt in workers:
             rt.usd_since_attribution = 0.0
         self.attributed_until = until

@@ -65,7 +65,7 @@ class Controller:
         """``profiles``: profile name → profile, for profiles not to be loaded by name (the lab's). ``gear_modes``:
         the drafter-free gear's moves (None: every worker keeps the mode it was started in)."""
         self.settings, self.store, self.clock, self.holder_id = settings, store, clock, holder_id
-        self.metrics = metrics or ControllerMetrics()
+        self.metrics = metrics or ControllerMetrics(tenant_label=settings.tenant_labeler())
         self.is_leader = False
         self.tenants_file = self.tenants = tenants
         """``tenants``: the file merged with the store's run-time changes, re-read every tick."""

@@ -6,6 +6,8 @@ from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from fleet.metric_labels import PLAIN, TenantLabeler
+
 K_DESIRED: Final = "gearshift_controller_k_desired"
 K_APPLIED: Final = "gearshift_controller_k_applied"
 DECISIONS: Final = "gearshift_controller_decisions"
@@ -46,8 +48,10 @@ _W = ["worker"]
 class ControllerMetrics:
     """The controller's metric objects on one registry (made per process, never at import)."""
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, registry: CollectorRegistry | None = None, *, tenant_label: TenantLabeler = PLAIN) -> None:
         self.registry = registry or CollectorRegistry(auto_describe=True)
+        self.tenant_label = tenant_label
+        """The ``tenant`` label of a tenant id (``GEARSHIFT_METRICS_TENANT_LABEL``; the gateway's labels match it)."""
         r = self.registry
         self.k_desired = Gauge(K_DESIRED, "Speculation length k the controller wants per worker.", _W, registry=r)
         self.k_applied = Gauge(K_APPLIED, "Speculation length k the worker reports applied.", _W, registry=r)

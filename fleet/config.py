@@ -20,6 +20,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from fleet.metric_labels import TenantLabeler, TenantLabelMode
+
 
 class ConfigError(ValueError):
     """A configuration file or setting is invalid; the message names the file and the field."""
@@ -404,6 +406,10 @@ class CommonSettings(BaseSettings):
     allow_dev_secrets: bool = False
     """Let a process outside the embedded default start with a development secret (see ``refuse_dev_secrets``)."""
     log_level: str = "INFO"
+    metrics_tenant_label: TenantLabelMode = "id"
+    """What a metric's ``tenant`` label carries, in the gateway's and the controller's ``/metrics``: ``id`` (the tenant
+    id) or ``hash`` (``t-`` and 16 hex digits of an HMAC keyed with ``GEARSHIFT_KEY_PEPPER``: stable, equal on every
+    replica, not reversible without the pepper; ``fleet.metric_labels``). Set it alike on every process."""
 
     @model_validator(mode="after")
     def _no_placeholder_redis_password(self) -> Self:
@@ -411,6 +417,10 @@ class CommonSettings(BaseSettings):
         if password is not None and is_placeholder(unquote(password)):
             raise ConfigError("GEARSHIFT_REDIS_URL: its password is a placeholder; fill in the Redis password")
         return self
+
+    def tenant_labeler(self) -> TenantLabeler:
+        """The ``tenant`` label of each tenant id in metrics (``metrics_tenant_label``)."""
+        return TenantLabeler(self.metrics_tenant_label, pepper=self.key_pepper.get_secret_value())
 
     def fleet(self) -> FleetConfig:
         return load_fleet(self.fleet_file)

@@ -138,6 +138,9 @@ class GatewaySettings(CommonSettings):
     otlp_endpoint: str | None = None
     """OTLP/HTTP traces endpoint (for example ``http://collector:4318/v1/traces``); None turns tracing off."""
     service_name: str = "gearshift-gateway"
+    metrics_token: SecretStr | None = None
+    """Bearer token ``/metrics`` requires (``Authorization: Bearer …``, compared in constant time; 401 without it);
+    None leaves ``/metrics`` open. Give Prometheus the same token (``authorization.credentials_file``)."""
 
     # TTFT-aware routing (gateway/routing/router.py, TtftScorer)
     weight_ttft: Weight = 1.0

@@ -99,7 +99,7 @@ async def running_gateway(deps: GatewayDeps) -> AsyncIterator[Gateway]:
     """Build every resource, start the background loops, and tear it all down on exit."""
     settings, store, clock, fleet, tenants = deps.settings, deps.store, deps.clock, deps.fleet, deps.tenants
     upstream_session, rng = deps.upstream_session, deps.rng
-    metrics = GatewayMetrics(deps.registry)
+    metrics = GatewayMetrics(deps.registry, tenant_label=settings.tenant_labeler())
     session = upstream_session or new_session(settings)
     tracing = build_tracing(settings, exporter=deps.span_exporter)
     pool = WorkerPool(fleet=fleet, store=store, clock=clock, settings=settings, metrics=metrics)

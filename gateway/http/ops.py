@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import math
+from typing import Annotated
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Header
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.responses import JSONResponse, Response
 
+from fleet.bearer import bearer_matches
+from gateway.errors import AuthenticationFailed
 from gateway.http.deps import GatewayDep
 from gateway.wiring import Gateway
 
@@ -55,5 +58,13 @@ async def _store_detail(gw: Gateway) -> dict[str, object]:
 
 
 @router.get("/metrics")
-async def metrics(gw: GatewayDep) -> Response:
+async def metrics(gw: GatewayDep, authorization: Annotated[str | None, Header()] = None) -> Response:
+    """The Prometheus exposition; with ``GEARSHIFT_METRICS_TOKEN`` set, only for ``Authorization: Bearer <it>``
+    (401 otherwise). Tenant labels carry ids or their salted hashes (``GEARSHIFT_METRICS_TENANT_LABEL``)."""
+    token = gw.settings.metrics_token
+    if token is not None and not bearer_matches(authorization, token.get_secret_value()):
+        raise AuthenticationFailed(
+            "/metrics needs the metrics token: send 'Authorization: Bearer <GEARSHIFT_METRICS_TOKEN>'.",
+            code="invalid_metrics_token",
+        )
     return Response(gw.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)

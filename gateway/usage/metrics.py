@@ -1,6 +1,7 @@
 """The gateway's Prometheus metrics, on a registry built per app (no import-time singletons).
 
-Label sets are bounded: ``tenant`` and ``model`` come from the config files, ``worker`` from the fleet file,
+Label sets are bounded: ``tenant`` and ``model`` come from the config files (``tenant`` as the tenant id or its
+salted hash, ``fleet.metric_labels``: every tenant label goes through ``tenant_label``), ``worker`` from the fleet file,
 ``tier`` from the tiers, ``reason``/``type``/``status`` from fixed sets in code — never from request data
 (``type`` is the OpenAI error type of a class in ``gateway.errors``).
 """
@@ -13,6 +14,7 @@ from typing import Any, Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 
+from fleet.metric_labels import PLAIN, TenantLabeler
 from fleet.store.protocol import UsageRecord
 
 REQUESTS: Final = "gearshift_gateway_requests"
@@ -73,8 +75,10 @@ class GatewayMetrics:
             return generate_latest(merged)
         return generate_latest(self.registry)
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, registry: CollectorRegistry | None = None, *, tenant_label: TenantLabeler = PLAIN) -> None:
         self.registry = registry or CollectorRegistry()
+        self.tenant_label = tenant_label
+        """The ``tenant`` label of a tenant id: every metric that labels a tenant takes it from here."""
         r = self.registry
         self.requests = Counter(
             REQUESTS, "Completion requests finished", ["tenant", "model", "worker", "status"], registry=r
@@ -164,10 +168,14 @@ class GatewayMetrics:
             found = self._children[key] = metric.labels(*values)
         return found
 
+    def rejected(self, tenant_id: str, reason: str) -> None:
+        """Count one request refused by a tenant limit (``reason``: the limit's kind)."""
+        self.child(self.admission_rejections, self.tenant_label(tenant_id), reason).inc()
+
     def finished(self, record: UsageRecord, *, tier: str, duration_s: float) -> None:
         """Record one finished request: its usage record (tokens, USD, TTFT/TPOT seconds) and its duration at
         the gateway (seconds)."""
-        tenant, model = record.tenant, record.model
+        tenant, model = self.tenant_label(record.tenant), record.model
         self.child(self.requests, tenant, model, record.worker_id or "", record.status).inc()
         self.child(self.tokens, tenant, model, "prompt").inc(record.prompt_tokens)
         self.child(self.tokens, tenant, model, "completion").inc(record.completion_tokens)

@@ -14,8 +14,9 @@ the gateway's admin API (which serves them from the store of a ``gearshift up`` 
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Protocol
 
@@ -26,7 +27,9 @@ from rich.console import Console, ConsoleOptions, Group, JustifyMethod, Renderab
 from rich.live import Live
 from rich.table import Table
 
-from fleet.config import CommonSettings, ConfigError, FleetConfig, TenantConfig, TenantsConfig
+from fleet.bearer import bearer_header
+from fleet.config import ConfigError, FleetConfig, TenantConfig, TenantsConfig
+from fleet.metric_labels import PLAIN, TenantLabeler
 from fleet.scrape import WorkerScrape, parse_worker_metrics
 from fleet.store.factory import build_store
 from fleet.store.protocol import Store, WorkerState
@@ -115,9 +118,9 @@ class GatewayAdminStates:
         return TenantsConfig(tiers=file.tiers, tenants=tuple(t for t in in_force if t.tier in file.tiers))
 
 
-async def _get_text(client: httpx.AsyncClient, url: str) -> str | None:
+async def _get_text(client: httpx.AsyncClient, url: str, headers: Mapping[str, str] | None = None) -> str | None:
     try:
-        response = await client.get(url)
+        response = await client.get(url, headers=headers)
         response.raise_for_status()
     except httpx.HTTPError:
         return None
@@ -141,12 +144,14 @@ async def take_snapshot(
     source: StateSource,
     *,
     now: Callable[[], float] = time.monotonic,
+    gateway_headers: Mapping[str, str] | None = None,
 ) -> Snapshot:
-    """Read every worker's metrics, the gateway's metrics and the published states, concurrently."""
+    """Read every worker's metrics, the gateway's metrics (with ``gateway_headers``: the metrics token's) and the
+    published states, concurrently."""
     urls = [f"{w.url.rstrip('/')}/metrics" for w in fleet.workers]
     texts_task = asyncio.gather(*(_get_text(client, url) for url in urls))
     gateway_text, (states, healthy), texts = await asyncio.gather(
-        _get_text(client, f"{gateway_url.rstrip('/')}/metrics"), source.states(), texts_task
+        _get_text(client, f"{gateway_url.rstrip('/')}/metrics", gateway_headers), source.states(), texts_task
     )
     at_s = now()
     modes = await source.modes()
@@ -272,15 +277,18 @@ def tenants_table(rows: list[TenantRow]) -> Table:
     return table
 
 
-def render(prev: Snapshot, cur: Snapshot, fleet: FleetConfig, tenants: TenantsConfig) -> Group:
+def render(
+    prev: Snapshot, cur: Snapshot, fleet: FleetConfig, tenants: TenantsConfig, label: TenantLabeler = PLAIN
+) -> Group:
     window = cur.at_s - prev.at_s
     gateway = "gateway: unreachable" if cur.gateway is None else f"rates over the last {window:.1f} s"
-    return Group(WorkersView(worker_rows(prev, cur, fleet)), tenants_table(tenant_rows(prev, cur, tenants)), gateway)
+    rows = tenant_rows(prev, cur, tenants, label)
+    return Group(WorkersView(worker_rows(prev, cur, fleet)), tenants_table(rows), gateway)
 
 
 # ------------------------------------------------------------------------------------------------ command
 async def run_top(
-    settings: CommonSettings,
+    settings: GatewaySettings,
     *,
     gateway_url: str,
     interval_s: float,
@@ -289,7 +297,10 @@ async def run_top(
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
 ) -> None:
     """Sample the fleet every ``interval_s`` seconds and draw it; with ``once``, draw one frame and return."""
-    fleet, file = settings.fleet(), settings.tenants()
+    fleet, file, label = settings.fleet(), settings.tenants(), settings.tenant_labeler()
+    token = settings.metrics_token
+    headers = bearer_header(token.get_secret_value()) if token is not None else None
+    snapshot = functools.partial(take_snapshot, gateway_headers=headers)
     store = build_store(settings) if settings.redis_url else None
     async with httpx.AsyncClient(timeout=httpx.Timeout(max(0.5, interval_s))) as client:
         source: StateSource = (
@@ -298,19 +309,19 @@ async def run_top(
             else GatewayAdminStates(client, gateway_url, settings.admin_key.get_secret_value())
         )
         try:
-            prev = await take_snapshot(client, fleet, gateway_url, source)
+            prev = await snapshot(client, fleet, gateway_url, source)
             await sleep(interval_s)
-            cur = await take_snapshot(client, fleet, gateway_url, source)
+            cur = await snapshot(client, fleet, gateway_url, source)
             tenants = await source.tenants(file)
             if once:
-                console.print(render(prev, cur, fleet, tenants))
+                console.print(render(prev, cur, fleet, tenants, label))
                 return
-            with Live(render(prev, cur, fleet, tenants), console=console, auto_refresh=False) as live:
+            with Live(render(prev, cur, fleet, tenants, label), console=console, auto_refresh=False) as live:
                 while True:
                     await sleep(interval_s)
-                    prev, cur = cur, await take_snapshot(client, fleet, gateway_url, source)
+                    prev, cur = cur, await snapshot(client, fleet, gateway_url, source)
                     tenants = await source.tenants(file)
-                    live.update(render(prev, cur, fleet, tenants), refresh=True)
+                    live.update(render(prev, cur, fleet, tenants, label), refresh=True)
         finally:
             if store is not None:
                 await store.close()

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from fleet.config import FleetConfig, TenantsConfig
+from fleet.metric_labels import PLAIN, TenantLabeler
 from fleet.scrape import WorkerScrape, exposition_samples
 from fleet.store.protocol import WorkerState
 from fleet.worker_mode import Mode, Phase, WorkerMode
@@ -181,8 +182,9 @@ def _bucket_delta(cur: Mapping[float, float], prev: Mapping[float, float]) -> di
     return {le: count - prev.get(le, 0.0) for le, count in cur.items()}
 
 
-def tenant_rows(prev: Snapshot, cur: Snapshot, tenants: TenantsConfig) -> list[TenantRow]:
-    """One row per tenant: its request rate, and its tier's TPOT p99 against the tier's target."""
+def tenant_rows(prev: Snapshot, cur: Snapshot, tenants: TenantsConfig, label: TenantLabeler = PLAIN) -> list[TenantRow]:
+    """One row per tenant: its request rate, and its tier's TPOT p99 against the tier's target. ``label``: the
+    gateway's ``tenant`` label of a tenant id (its id, or its hash under ``GEARSHIFT_METRICS_TENANT_LABEL=hash``)."""
     seconds = cur.at_s - prev.at_s
     old, new = prev.gateway or GatewaySample(), cur.gateway or GatewaySample()
     rows = []
@@ -190,7 +192,8 @@ def tenant_rows(prev: Snapshot, cur: Snapshot, tenants: TenantsConfig) -> list[T
         tier = tenants.tiers[tenant.tier]
         requests = None
         if cur.gateway is not None and prev.gateway is not None:
-            requests = _rate(new.requests.get(tenant.id, 0.0), old.requests.get(tenant.id, 0.0), seconds)
+            name = label(tenant.id)
+            requests = _rate(new.requests.get(name, 0.0), old.requests.get(name, 0.0), seconds)
         delta = _bucket_delta(new.tpot_buckets.get(tenant.tier, {}), old.tpot_buckets.get(tenant.tier, {}))
         rows.append(TenantRow(tenant.id, tenant.tier, requests, histogram_quantile(0.99, delta), tier.tpot_target_s))
     return rows
