@@ -1,166 +1,96 @@
-"""The fleet planner (DESIGN §9): which workers serve which traffic classes, at which gear and batch cap.
+"""The fleet planner (DESIGN §9, issue 25): pools × drafter mode × gear × cap, chosen together from the forecast.
 
-A pure function of what the controller measures: per traffic class (``"<tier>/<workload>"``) its arrival rate
-and mean prompt and output lengths (from the usage ledger), its accepted length per k and that estimate's
-uncertainty (``estimate_acceptance``), the tiers' SLA targets, and the profile's step-time model
-(``fleet.perf.predict_step``). ``plan_fleet`` returns a ``fleet.plan.FleetPlan``.
+A pure function of what the controller measures and of the time it is given (``PlannerInput.now``, Unix s; no
+clock is read here): per traffic class (``"<tier>/<workload>"``) its load — the forecast's band's upper edge
+where ``controller.forecast`` has one (``PlannerInput.forecast``), else the rate measured over the ledger window
+— its mean prompt and output lengths, its accepted length per k and that estimate's uncertainty
+(``controller.planner_pool.estimate_acceptance``), the tiers' SLA targets and speculation modes, each worker's
+drafter mode now, which workers the operator lets the plan restart, and the profile's restart time and step-time
+model. ``plan_fleet`` returns a ``fleet.plan.FleetPlan``; the pool model is ``controller.planner_pool``.
 
-**Steady-state model of one pool** (``evaluate_pool``). ``n`` identical workers share the pool's classes
-equally; each runs draft length ``k`` with at most ``cap`` sequences at once. A request of class c needs
-``O_c / AL_c(k)`` steps, so a worker offered ``λ_c / n`` requests/s of each class demands
-``D = Σ_c (λ_c / n) · O_c / AL_c(k)`` sequence-steps per second, and by Little's law its mean running batch
-solves ``B = D · T(B)``, ``T`` the step time (prefill of ``Σ_c (λ_c / n) · P_c · T`` prompt tokens per step
-included), found by fixed-point iteration. A pool whose ``B`` would pass ``max_utilisation · cap`` is
-*saturated*: it runs at ``B = cap``; its classes with a TPOT target are served first (the tiers' priority),
-at most ``max_utilisation`` of the ``cap / T(cap)`` sequence-steps per second, and the classes without one
-share what is left (their backlog grows). A class with a TPOT target counts as met when
-``T(B) / AL_c ≤ (1 − tpot_margin) · target`` with ``AL_c`` taken ``acceptance_z`` standard deviations low;
-its goodput is then its offered tokens (``λ_c · O_c``), else 0. A class without targets counts what it is
-served.
+**Candidates** (``candidates``), every one scored by the same pool model:
 
-**Candidates** (``candidates``): one shared pool (k None: the per-worker loops decide, as today), and every
-split of the classes into an *interactive* pool (the classes with a TPOT target) and a *batch* pool (the
-rest), for every pool size, gear (the workers' full-speed gears) and cap. Batch overflow the batch pool cannot
-serve spills onto interactive workers while their predicted TPOT stays inside ``(1 − spill_margin)`` ×
-the interactive target (the gateway's one-way spill rule), which the model counts. A split's pools always
-carry their cap (``max_concurrency``, ``max_num_seqs`` included), since the gateway spills only from a pool
-whose workers are at their cap. The shared pool is judged as the per-worker controller judges itself
-(``shared_view``: mean TPOT within the target), a split with the margins above, and a split is chosen only
-where it beats the shared pool by ``split_gain``: today's behaviour unless placement clearly pays.
+- *shared*: one pool with the drafter loaded, its gear left to the per-worker loops (k None): today's controller;
+- *shared with a drafter-free part*: for every ``n_off`` = 1 … n, ``n_off`` workers without their drafter (k = 0,
+  no idle-drafter tax) beside the loaded rest, every class served by both parts in proportion to their workers
+  (the gateway balances on load) and the tiers whose ``speculation`` is ``off`` by the drafter-free part alone;
+- *split*: the classes with a TPOT target in an *interactive* pool, the rest in a *batch* pool, for every pool
+  size, each pool's drafter mode, gear (the workers' full-speed gears; k = 0 only without the drafter) and cap.
+  Batch overflow spills onto interactive workers while their predicted TPOT stays inside ``(1 − spill_margin)``
+  × the interactive target (the gateway's one-way spill rule), which the model counts. A split's pools carry
+  their cap (the gateway spills only from a pool at its cap). A split is considered only where it beats the
+  shared pool by ``split_gain``.
+
+A class whose tier's ``speculation`` is ``off`` is served only by a pool decoding at k = 0; where a candidate has
+none, it counts no goodput for that class (the gateway would refuse it).
+
+**Moves and their cost.** Workers are assigned to a candidate's pools keeping each worker's drafter mode where it
+can (``_assign``); a worker whose mode must change is a restart, allowed only for the workers in
+``PlannerInput.movable``. A candidate that needs restarts is taken over the best one that needs none only when its
+gain over the horizon (``horizon_s``, by default ``horizon_factor`` × restart_s), ``(G_move − G_stay) × horizon``
+tokens, exceeds its cost by ``move_margin``: ``restart_s`` × each restarted worker's share of the forecast load,
+tokens (counted as lost: the SLA pays for what the others absorb), and only when the fleet less one worker, in
+the modes it runs now, still meets every SLA it meets now (``through_restart``: the restarts run one worker at a
+time, ``controller.gear_mode``; the classes without a target lose throughput meanwhile, which is the cost). The
+plan names the target mode of every pool; the moves themselves, one at a time, the last-healthy-worker rule and
+the operator's switches are ``controller.drafter_free``'s.
 
 **Stability** (``plan_fleet``): a new plan replaces the current one only when its predicted goodput beats the
 current plan's (re-evaluated on today's inputs) by ``hysteresis``, and the current plan has held for
-``min_dwell_s``; otherwise the current pools are republished. With one worker or one class the plan is one
-pool with k None: today's controller.
+``min_dwell_s``; otherwise the current pools are republished. With one worker or one class and no mode to change,
+the plan is one pool with k None: today's controller.
 
 Units: seconds, tokens, requests/s, tokens/s.
 """
 
 from __future__ import annotations
 
-import itertools
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from fleet.config import TierConfig
-from fleet.perf import Profile, conditional_acceptance, expected_tokens_per_step, predict_step
-from fleet.plan import FleetPlan, PoolPlan, TrafficClass
+from controller.planner_pool import (
+    ClassLoad,
+    PlannerConfig,
+    PoolEstimate,
+    WorkerAcceptance,
+    estimate_acceptance,
+    evaluate_pool,
+    prior_accepted_length,
+    shared_view,
+    spill_limit,
+)
+from fleet.perf import Profile
+from fleet.plan import ClassForecast, DrafterMode, FleetPlan, PoolPlan, TrafficClass
+
+__all__ = [
+    "BATCH_POOL",
+    "DRAFTER_FREE_POOL",
+    "INTERACTIVE_POOL",
+    "SHARED_POOL",
+    "SPILL_LIMIT_KEY",
+    "Candidate",
+    "ClassLoad",
+    "PlannerConfig",
+    "PlannerInput",
+    "PoolEstimate",
+    "WorkerAcceptance",
+    "candidates",
+    "estimate_acceptance",
+    "evaluate_pool",
+    "plan_fleet",
+    "prior_accepted_length",
+    "shared_view",
+    "spill_limit",
+    "through_restart",
+]
 
 SHARED_POOL = "shared"
+DRAFTER_FREE_POOL = "drafter-free"
 INTERACTIVE_POOL = "interactive"
 BATCH_POOL = "batch"
 SPILL_LIMIT_KEY = "spill_limit/"
 """``FleetPlan.predicted["spill_limit/<pool>"]``: the in-flight requests per worker of a pool up to which its
 predicted TPOT stays inside ``(1 − spill_margin)`` × its tightest TPOT target (the batch spill bound)."""
-
-
-@dataclass(frozen=True, slots=True)
-class ClassLoad:
-    """One traffic class as the controller measures it."""
-
-    name: TrafficClass
-    tier: TierConfig
-    rate_req_s: float
-    """Arrivals, requests/s (whole fleet)."""
-    prompt_tokens: float
-    """Mean prompt length, tokens."""
-    output_tokens: float
-    """Mean output length (requested ``max_tokens``), tokens."""
-    accepted_length: tuple[float, ...]
-    """Expected tokens per sequence per step at k = 0, 1, …, k_max (``[0]`` is 1)."""
-    accepted_length_sd: float = 0.0
-    """Standard deviation of the estimate of the accepted drafts per step, as a fraction of them (0.1 = ±10 %)."""
-
-    @property
-    def tpot_target_s(self) -> float | None:
-        return self.tier.tpot_target_s
-
-    def al(self, k: int, *, z: float = 0.0) -> float:
-        """Accepted length at ``k``, ``z`` standard deviations below the estimate (never below 1)."""
-        base = self.accepted_length[min(k, len(self.accepted_length) - 1)]
-        return max(1.0, 1.0 + (base - 1.0) * (1.0 - z * self.accepted_length_sd))
-
-
-def prior_accepted_length(profile: Profile, workload: str, context_tokens: float) -> tuple[float, ...]:
-    """The profile's accepted length per k (0 … k_max) for ``workload`` at ``context_tokens`` of context."""
-    cond = conditional_acceptance(profile, workload, context_tokens)
-    return tuple(expected_tokens_per_step(cond, k) for k in range(profile.drafter.k_max + 1))
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerAcceptance:
-    """What one worker's counters said over a window: its k, its accepted drafts per step, and the share of its
-    request-steps each class had (from the requests routed to it)."""
-
-    k: int
-    accepted_per_step: float
-    """Mean accepted drafts per request-step (accepted / drafts × k ... i.e. AL − 1), at ``k``."""
-    shares: Mapping[TrafficClass, float]
-    """Class → share of the worker's request-steps, summing to 1."""
-
-
-def estimate_acceptance(
-    priors: Mapping[TrafficClass, tuple[float, ...]], observed: Sequence[WorkerAcceptance], *, prior_sd: float = 0.15
-) -> dict[TrafficClass, tuple[tuple[float, ...], float]]:
-    """Per class: the prior accepted length per k corrected by a factor θ on its accepted drafts, and the
-    factor's uncertainty (a fraction). Each worker at k > 0 gives one ratio observed / predicted accepted drafts,
-    credited to its classes by share; θ_c is the share-weighted mean ratio, its sd the share-weighted spread over
-    √(effective workers), or ``prior_sd`` with fewer than two observations."""
-    out: dict[TrafficClass, tuple[tuple[float, ...], float]] = {}
-    ratios: dict[TrafficClass, list[tuple[float, float]]] = {c: [] for c in priors}
-    for w in observed:
-        if w.k <= 0:
-            continue
-        predicted = sum(s * (priors[c][min(w.k, len(priors[c]) - 1)] - 1.0) for c, s in w.shares.items() if c in priors)
-        if predicted <= 0:
-            continue
-        for c, s in w.shares.items():
-            if c in ratios and s > 0:
-                ratios[c].append((w.accepted_per_step / predicted, s))
-    for c, prior in priors.items():
-        obs = ratios[c]
-        weight = sum(s for _, s in obs)
-        if weight <= 0:
-            out[c] = (prior, prior_sd)
-            continue
-        theta = sum(r * s for r, s in obs) / weight
-        effective = weight**2 / sum(s * s for _, s in obs)
-        if effective < 2:
-            sd = prior_sd
-        else:
-            var = sum(s * (r - theta) ** 2 for r, s in obs) / weight
-            sd = math.sqrt(var / effective) / max(theta, 1e-9)
-        out[c] = (tuple(1.0 + (a - 1.0) * theta for a in prior), sd)
-    return out
-
-
-@dataclass(frozen=True)
-class PlannerConfig:
-    """How the planner decides (controller settings feed it)."""
-
-    period_s: float = 20.0
-    """Seconds between plans."""
-    min_dwell_s: float = 60.0
-    """A plan holds at least this long before the pools may change."""
-    hysteresis: float = 0.05
-    """A new plan must predict this much more goodput than the current one (0.05 = +5 %)."""
-    split_gain: float = 0.05
-    """A plan of several pools must predict this much more goodput than the shared pool (the model's error
-    margin: below it, today's per-worker controller keeps the whole fleet)."""
-    ttl_s: float = 90.0
-    """The published plan's TTL, seconds (readers ignore it afterwards)."""
-    spill_margin: float = 0.2
-    tpot_margin: float = 0.1
-    """A class's predicted TPOT must stay below ``(1 − tpot_margin)`` × its target."""
-    max_utilisation: float = 0.85
-    """A pool is saturated past this share of its workers' capacity (queues then grow)."""
-    acceptance_z: float = 1.0
-    """TPOT checks use the accepted length this many standard deviations below its estimate."""
-    caps: tuple[int | None, ...] = (None, 16, 32, 64)
-    """Per-worker concurrency caps tried (None: ``max_num_seqs``); caps at or above ``max_num_seqs`` drop out."""
-    context_fraction: float = 0.5
-    """A decoding sequence's mean context is its prompt plus this share of its output, tokens."""
 
 
 @dataclass(frozen=True)
@@ -177,111 +107,26 @@ class PlannerInput:
     """When ``current``'s pools were first issued (its version), Unix seconds."""
     gears: tuple[int, ...] | None = None
     """The k every worker runs at full speed (None: 0 … k_max)."""
+    modes: Mapping[str, DrafterMode] = field(default_factory=dict)
+    """Each worker's drafter mode now (a worker left out runs with its drafter loaded)."""
+    movable: frozenset[str] = frozenset()
+    """Workers the plan may restart into the other drafter mode (the operator's switches allow it)."""
+    restart_s: float = 0.0
+    """Seconds a worker serves nothing while it restarts (the profile's ``serving.restart_s``)."""
+    forecast: Mapping[TrafficClass, ClassForecast] = field(default_factory=dict)
+    """Per class, the forecast the plan is sized for: its upper edge replaces the measured rate."""
 
 
 @dataclass(frozen=True, slots=True)
-class PoolEstimate:
-    """The model's steady state of one pool."""
+class PoolSpec:
+    """A pool before its workers are named."""
 
-    goodput_tok_s: float
-    throughput_tok_s: float
-    batch: float
-    """Mean running sequences per worker."""
-    tpot_s: dict[TrafficClass, float]
-    saturated: bool
-    spare_seq_steps: float
-    """Sequence-steps per second the pool could still serve within ``max_utilisation`` (all workers)."""
-
-
-def _step_s(profile: Profile, batch: float, k: int, context: float, prefill_rate: float) -> float:
-    """Step time at ``batch`` with ``prefill_rate`` prompt tokens/s arriving (fixed point in the step time)."""
-    t = predict_step(profile, batch=batch, k=k, context_per_seq=context).total_s
-    for _ in range(2):
-        t = predict_step(profile, batch=batch, k=k, context_per_seq=context, prefill_per_step=prefill_rate * t).total_s
-    return t
-
-
-def evaluate_pool(
-    profile: Profile,
-    loads: Sequence[tuple[ClassLoad, float]],
-    *,
-    workers: int,
-    k: int,
-    cap: int,
-    cfg: PlannerConfig,
-) -> PoolEstimate:
-    """The steady state of ``workers`` workers at ``k`` with ``cap`` sequences each, serving ``loads`` (class,
-    requests/s sent to this pool); see the module docstring."""
-    live = [(c, r) for c, r in loads if r > 0]
-    if not live or workers <= 0:
-        return PoolEstimate(0.0, 0.0, 0.0, {}, False, 0.0)
-    per_worker = [(c, r / workers) for c, r in live]
-    demand = sum(r * c.output_tokens / c.al(k) for c, r in per_worker)
-    prompt_rate = sum(r * c.prompt_tokens for c, r in per_worker)
-    context = sum(r * (c.prompt_tokens + cfg.context_fraction * c.output_tokens) for c, r in per_worker) / sum(
-        r for _, r in per_worker
-    )
-    batch = 1.0
-    for _ in range(40):
-        nxt = demand * _step_s(profile, batch, k, context, prompt_rate)
-        if nxt > cap:
-            batch = float(cap)
-            break
-        if abs(nxt - batch) < 1e-3:
-            batch = nxt
-            break
-        batch = nxt
-    step = _step_s(profile, max(batch, 1.0), k, context, prompt_rate)
-    capacity = cfg.max_utilisation * cap / _step_s(profile, cap, k, context, prompt_rate)
-    saturated = demand > capacity
-    if saturated:
-        batch = float(cap)
-        step = _step_s(profile, cap, k, context, prompt_rate)
-    tpots = {c.name: step / c.al(k, z=cfg.acceptance_z) for c, _ in per_worker}
-    good, thru, left = 0.0, 0.0, capacity
-    for c, r in sorted(per_worker, key=lambda cr: cr[0].tpot_target_s is None):
-        need = r * c.output_tokens / c.al(k)
-        served = min(need, max(left, 0.0))
-        left -= need
-        tokens = served * c.al(k)
-        thru += tokens
-        target = c.tpot_target_s
-        if target is None or (served >= need and tpots[c.name] <= (1.0 - cfg.tpot_margin) * target):
-            good += tokens
-    return PoolEstimate(
-        goodput_tok_s=good * workers,
-        throughput_tok_s=thru * workers,
-        batch=batch,
-        tpot_s=tpots,
-        saturated=saturated,
-        spare_seq_steps=max(left, 0.0) * workers,
-    )
-
-
-def spill_limit(
-    profile: Profile, loads: Sequence[tuple[ClassLoad, float]], *, workers: int, k: int, cap: int, cfg: PlannerConfig
-) -> int:
-    """The most sequences one worker of the pool may run while every class's predicted TPOT with a target stays
-    inside ``(1 − spill_margin)`` × that target (``cap`` when no class has a target; 0 when even one fails)."""
-    live = [(c, r / max(workers, 1)) for c, r in loads if r > 0]
-    targets = [(t, c.al(k, z=cfg.acceptance_z)) for c, _ in live if (t := c.tpot_target_s) is not None]
-    if not targets:
-        return cap
-    rate = sum(r for _, r in live)
-    context = sum(r * (c.prompt_tokens + cfg.context_fraction * c.output_tokens) for c, r in live) / rate
-    prompt_rate = sum(r * c.prompt_tokens for c, r in live)
-
-    def fits(b: int) -> bool:
-        step = _step_s(profile, b, k, context, prompt_rate)
-        return all(step / al <= (1.0 - cfg.spill_margin) * t for t, al in targets)
-
-    if not fits(1):
-        return 0
-    lo, hi = 1, cap
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
-    return lo
+    name: str
+    classes: tuple[TrafficClass, ...]
+    size: int
+    drafter: DrafterMode = "loaded"
+    k: int | None = None
+    cap: int | None = None
 
 
 @dataclass(frozen=True)
@@ -293,36 +138,148 @@ class Candidate:
     estimates: dict[str, PoolEstimate] = field(default_factory=dict)
     spilled_tok_s: float = 0.0
     """Batch tokens/s the model expects the interactive pool to absorb."""
+    moves: tuple[str, ...] = ()
+    """Workers this candidate restarts into the other drafter mode."""
 
 
-def shared_view(cfg: PlannerConfig) -> PlannerConfig:
-    """How a pool left to the per-worker loops (k None) is judged: as the controller judges itself, the mean
-    TPOT within the target (no margin, the acceptance at its estimate)."""
-    return replace(cfg, tpot_margin=0.0, acceptance_z=0.0)
+def planned_loads(inp: PlannerInput) -> tuple[ClassLoad, ...]:
+    """The classes as the plan sizes for them: each forecast class at its band's upper edge and forecast lengths."""
+    out = []
+    for c in inp.classes:
+        f = inp.forecast.get(c.name)
+        if f is None:
+            out.append(c)
+            continue
+        prompt, output = f.prompt_tokens or c.prompt_tokens, f.output_tokens or c.output_tokens
+        out.append(replace(c, rate_req_s=f.upper_rps, prompt_tokens=prompt, output_tokens=output))
+    return tuple(out)
 
 
 def _caps(cfg: PlannerConfig, max_num_seqs: int) -> list[int]:
     return sorted({max_num_seqs if c is None or c >= max_num_seqs else c for c in cfg.caps})
 
 
+def _gears(inp: PlannerInput) -> list[int]:
+    return list(inp.gears if inp.gears is not None else range(inp.profile.drafter.k_max + 1))
+
+
+def _serves_off(drafter: DrafterMode, k: int | None) -> bool:
+    """Whether a pool decodes without drafts (may serve a tier whose ``speculation`` is ``off``)."""
+    return drafter == "off" or k == 0
+
+
 def _best_pool(
     profile: Profile,
     loads: Sequence[tuple[ClassLoad, float]],
     workers: int,
-    gears: Sequence[int],
-    caps: Sequence[int],
+    settings: Sequence[tuple[DrafterMode, int, int]],
     cfg: PlannerConfig,
-) -> tuple[int, int, PoolEstimate]:
-    """The (k, cap) with the highest predicted goodput (ties: more spare capacity, then the larger cap)."""
-    best: tuple[tuple[float, float, int], int, int, PoolEstimate] | None = None
-    for k in gears:
-        for cap in caps:
-            est = evaluate_pool(profile, loads, workers=workers, k=k, cap=cap, cfg=cfg)
-            key = (round(est.goodput_tok_s, 6), est.spare_seq_steps, cap)
-            if best is None or key > best[0]:
-                best = (key, k, cap, est)
-    assert best is not None
-    return best[1], best[2], best[3]
+) -> tuple[DrafterMode, int, int, PoolEstimate]:
+    """The (drafter mode, k, cap) of ``settings`` with the highest predicted goodput (ties: more spare capacity,
+    then the larger cap)."""
+    best: tuple[tuple[float, float, int], DrafterMode, int, int, PoolEstimate] | None = None
+    for drafter, k, cap in settings:
+        if any(c.speculation_off for c, r in loads if r > 0) and not _serves_off(drafter, k):
+            continue
+        est = evaluate_pool(profile, loads, workers=workers, k=k, cap=cap, cfg=cfg, drafter=drafter)
+        key = (round(est.goodput_tok_s, 6), est.spare_seq_steps, cap)
+        if best is None or key > best[0]:
+            best = (key, drafter, k, cap, est)
+    if best is None:
+        return "loaded", 0, settings[0][2], PoolEstimate(0.0, 0.0, 0.0, {}, False, 0.0)
+    return best[1], best[2], best[3], best[4]
+
+
+def _settings(
+    gears: Sequence[int], caps: Sequence[int], modes: Sequence[DrafterMode]
+) -> list[tuple[DrafterMode, int, int]]:
+    out: list[tuple[DrafterMode, int, int]] = []
+    for mode in modes:
+        out += [(mode, k, cap) for k in (gears if mode == "loaded" else [0]) for cap in caps]
+    return out
+
+
+def _takes(pool: PoolSpec | PoolPlan, c: ClassLoad) -> bool:
+    """Whether ``pool`` serves class ``c`` (a tier whose ``speculation`` is ``off`` only at k = 0)."""
+    listed = pool.serves(c.name) if isinstance(pool, PoolPlan) else c.name in pool.classes
+    return listed and (not c.speculation_off or _serves_off(pool.drafter, pool.k))
+
+
+def score_pools(inp: PlannerInput, loads: Sequence[ClassLoad], pools: Sequence[PoolSpec | PoolPlan],
+                cfg: PlannerConfig) -> tuple[float, dict[str, PoolEstimate]]:  # fmt: skip
+    """The predicted goodput of ``pools`` serving ``loads``: each class split over the pools that serve it in
+    proportion to their workers (an ``off`` tier only over the pools decoding at k = 0); a pool with k None is
+    judged as the per-worker controller judges itself, at its best gear (``shared_view``)."""
+    total, estimates = 0.0, {}
+    sizes = [len(p.workers) if isinstance(p, PoolPlan) else p.size for p in pools]
+    for pool, size in zip(pools, sizes, strict=True):
+        mine = []
+        for c in loads:
+            if _takes(pool, c):
+                share = sum(s for p, s in zip(pools, sizes, strict=True) if _takes(p, c))
+                mine.append((c, c.rate_req_s * size / share))
+        cap = (pool.max_concurrency if isinstance(pool, PoolPlan) else pool.cap) or inp.max_num_seqs
+        if pool.k is None:
+            gears = [0] if pool.drafter == "off" else _gears(inp)
+            est = _best_pool(inp.profile, mine, size, _settings(gears, [cap], [pool.drafter]), shared_view(cfg))[3]
+        else:
+            est = evaluate_pool(inp.profile, mine, workers=size, k=pool.k, cap=cap, cfg=cfg, drafter=pool.drafter)
+        total += est.goodput_tok_s
+        estimates[pool.name] = est
+    return total, estimates
+
+
+def _assign(inp: PlannerInput, specs: Sequence[PoolSpec]) -> tuple[list[list[str]], tuple[str, ...]] | None:
+    """Workers for each pool of ``specs``, keeping each worker's drafter mode where it can: a pool takes the workers
+    already in its mode first, then movable workers of the other mode (None when too few may move)."""
+    free = list(inp.workers)
+    out: list[list[str]] = [[] for _ in specs]
+    moves: list[str] = []
+    for i, spec in enumerate(specs):
+        same = [w for w in free if inp.modes.get(w, "loaded") == spec.drafter]
+        out[i] = same[: spec.size]
+        free = [w for w in free if w not in out[i]]
+    for i, spec in enumerate(specs):
+        need = spec.size - len(out[i])
+        movers = [w for w in free if w in inp.movable][:need]
+        if len(movers) < need:
+            return None
+        out[i] += movers
+        moves += movers
+        free = [w for w in free if w not in movers]
+    order = {w: j for j, w in enumerate(inp.workers)}
+    return [sorted(ws, key=order.__getitem__) for ws in out], tuple(sorted(moves, key=order.__getitem__))
+
+
+def _candidate(inp: PlannerInput, loads: Sequence[ClassLoad], specs: Sequence[PoolSpec],
+               cfg: PlannerConfig) -> Candidate | None:  # fmt: skip
+    assigned = _assign(inp, specs)
+    if assigned is None:
+        return None
+    workers, moves = assigned
+    pools = tuple(
+        PoolPlan(name=s.name, classes=list(s.classes), workers=ws, drafter=s.drafter, k=s.k, max_concurrency=s.cap)
+        for s, ws in zip(specs, workers, strict=True)
+    )
+    goodput, estimates = score_pools(inp, loads, specs, cfg)
+    return Candidate(pools, goodput, estimates, 0.0, moves)
+
+
+def _shared(inp: PlannerInput, loads: Sequence[ClassLoad], cfg: PlannerConfig) -> list[Candidate]:
+    """The shared pool, and the shared pool with ``n_off`` = 1 … n of its workers drafter-free."""
+    names = tuple(c.name for c in loads)
+    spec_ok = tuple(c.name for c in loads if not c.speculation_off)
+    n = len(inp.workers)
+    out = []
+    for n_off in range(n + 1):
+        specs = []
+        if n_off < n:
+            specs.append(PoolSpec(SHARED_POOL, spec_ok if n_off else names, n - n_off))
+        if n_off:
+            specs.append(PoolSpec(DRAFTER_FREE_POOL, names, n_off, drafter="off", k=0))
+        if cand := _candidate(inp, loads, specs, cfg):
+            out.append(cand)
+    return out
 
 
 def _spill(
@@ -331,24 +288,24 @@ def _spill(
     batch_est: PoolEstimate,
     batch_loads: Sequence[tuple[ClassLoad, float]],
     n: int,
-    k: int,
-    cap: int,
+    setting: tuple[DrafterMode, int, int],
     cfg: PlannerConfig,
 ) -> tuple[float, PoolEstimate]:
     """Batch tokens/s the interactive pool can take on top of its own load within the spill margin, and the
     interactive pool's estimate with that spill."""
+    drafter, k, cap = setting
     offered = sum(r * c.output_tokens for c, r in batch_loads)
     unserved = max(offered - batch_est.throughput_tok_s, 0.0)
-    base = evaluate_pool(profile, interactive, workers=n, k=k, cap=cap, cfg=cfg)
+    base = evaluate_pool(profile, interactive, workers=n, k=k, cap=cap, cfg=cfg, drafter=drafter)
     if unserved <= 0 or not batch_loads:
         return 0.0, base
     spill_cfg = replace(cfg, tpot_margin=cfg.spill_margin)
+    own = sum(r * c.output_tokens for c, r in interactive)
     lo, hi, best = 0.0, 1.0, base
     for _ in range(8):
         mid = (lo + hi) / 2
         extra = [(c, r * mid * unserved / offered) for c, r in batch_loads]
-        est = evaluate_pool(profile, [*interactive, *extra], workers=n, k=k, cap=cap, cfg=spill_cfg)
-        own = sum(r * c.output_tokens for c, r in interactive)
+        est = evaluate_pool(profile, [*interactive, *extra], workers=n, k=k, cap=cap, cfg=spill_cfg, drafter=drafter)
         if not est.saturated and est.goodput_tok_s >= own + sum(r * c.output_tokens for c, r in extra) - 1e-6:
             lo, best = mid, est
         else:
@@ -356,44 +313,122 @@ def _spill(
     return lo * unserved, best
 
 
-def candidates(inp: PlannerInput, cfg: PlannerConfig) -> list[Candidate]:
-    """Every placement the planner considers, each with its predicted goodput (see the module docstring)."""
-    profile, workers = inp.profile, list(inp.workers)
-    gears = list(inp.gears if inp.gears is not None else range(profile.drafter.k_max + 1))
+def _splits(inp: PlannerInput, loads: Sequence[ClassLoad], cfg: PlannerConfig) -> list[Candidate]:
+    """Every interactive / batch split: pool sizes × each pool's drafter mode, gear and cap (module docstring)."""
+    n = len(inp.workers)
+    inter = [(c, c.rate_req_s) for c in loads if c.tpot_target_s is not None]
+    batch = [(c, c.rate_req_s) for c in loads if c.tpot_target_s is None]
+    if n < 2 or not inter or not batch:
+        return []
     caps = _caps(cfg, inp.max_num_seqs)
-    all_loads = [(c, c.rate_req_s) for c in inp.classes]
-    names = [c.name for c in inp.classes]
-    _, _, shared = _best_pool(profile, all_loads, len(workers), gears, [inp.max_num_seqs], shared_view(cfg))
-    out = [Candidate((PoolPlan(name=SHARED_POOL, classes=names, workers=workers),), shared.goodput_tok_s,
-                     {SHARED_POOL: shared})]  # fmt: skip
-    inter = [(c, r) for c, r in all_loads if c.tpot_target_s is not None]
-    batch = [(c, r) for c, r in all_loads if c.tpot_target_s is None]
-    if len(workers) < 2 or not inter or not batch:
-        return out
-    for n_i in range(1, len(workers)):
-        n_b = len(workers) - n_i
-        k_b, cap_b, est_b = _best_pool(profile, batch, n_b, gears, caps, cfg)
-        for k_i, cap_i in itertools.product(gears, caps):
-            spilled, est_i = _spill(profile, inter, est_b, batch, n_i, k_i, cap_i, cfg)
-            pools = (
-                PoolPlan(
-                    name=INTERACTIVE_POOL,
-                    classes=[c.name for c, _ in inter],
-                    workers=workers[:n_i],
-                    k=k_i,
-                    max_concurrency=cap_i,
-                ),
-                PoolPlan(
-                    name=BATCH_POOL,
-                    classes=[c.name for c, _ in batch],
-                    workers=workers[n_i:],
-                    k=k_b,
-                    max_concurrency=cap_b,
-                ),
+    modes: list[DrafterMode] = ["loaded", "off"] if inp.movable or "off" in inp.modes.values() else ["loaded"]
+    settings = _settings(_gears(inp), caps, modes)
+    out = []
+    for n_i in range(1, n):
+        d_b, k_b, cap_b, est_b = _best_pool(inp.profile, batch, n - n_i, settings, cfg)
+        for setting in settings:
+            if any(c.speculation_off for c, _ in inter) and not _serves_off(setting[0], setting[1]):
+                continue
+            spilled, est_i = _spill(inp.profile, inter, est_b, batch, n_i, setting, cfg)
+            specs = (
+                PoolSpec(INTERACTIVE_POOL, tuple(c.name for c, _ in inter), n_i, setting[0], setting[1], setting[2]),
+                PoolSpec(BATCH_POOL, tuple(c.name for c, _ in batch), n - n_i, d_b, k_b, cap_b),
             )
+            assigned = _assign(inp, specs)
+            if assigned is None:
+                continue
+            workers, moves = assigned
+            pools = tuple(
+                PoolPlan(name=s.name, classes=list(s.classes), workers=ws, drafter=s.drafter, k=s.k,
+                         max_concurrency=s.cap)
+                for s, ws in zip(specs, workers, strict=True)
+            )  # fmt: skip
             total = est_i.goodput_tok_s + est_b.goodput_tok_s
-            out.append(Candidate(pools, total, {INTERACTIVE_POOL: est_i, BATCH_POOL: est_b}, spilled))
+            out.append(Candidate(pools, total, {INTERACTIVE_POOL: est_i, BATCH_POOL: est_b}, spilled, moves))
     return out
+
+
+def candidates(inp: PlannerInput, cfg: PlannerConfig) -> list[Candidate]:
+    """Every placement the planner considers, each with its predicted goodput; ``[0]`` is the shared pool with
+    every worker in the mode it runs now when that needs no restart (see the module docstring)."""
+    loads = planned_loads(inp)
+    out = sorted(_shared(inp, loads, cfg), key=lambda c: len(c.moves))
+    return out + _splits(inp, loads, cfg)
+
+
+def offered_tok_s(loads: Sequence[ClassLoad]) -> float:
+    return sum(c.rate_req_s * c.output_tokens for c in loads)
+
+
+def move_cost(inp: PlannerInput, cand: Candidate) -> float:
+    """Tokens the candidate's restarts cost: ``restart_s`` × each restarted worker's share of the forecast load."""
+    if not cand.moves or not inp.workers:
+        return 0.0
+    return inp.restart_s * len(cand.moves) * offered_tok_s(planned_loads(inp)) / len(inp.workers)
+
+
+def horizon_s(inp: PlannerInput, cfg: PlannerConfig) -> float:
+    return cfg.horizon_s if cfg.horizon_s is not None else cfg.horizon_factor * inp.restart_s
+
+
+def _current_specs(inp: PlannerInput, loads: Sequence[ClassLoad], without: str | None) -> list[PoolSpec]:
+    """The fleet as it runs now (its loaded and its drafter-free workers), less ``without``."""
+    names = tuple(c.name for c in loads)
+    off = [w for w in inp.workers if inp.modes.get(w, "loaded") == "off" and w != without]
+    on = [w for w in inp.workers if inp.modes.get(w, "loaded") == "loaded" and w != without]
+    specs = [PoolSpec(SHARED_POOL, names, len(on))] if on else []
+    return specs + ([PoolSpec(DRAFTER_FREE_POOL, names, len(off), "off", 0)] if off else [])
+
+
+def through_restart(inp: PlannerInput, cfg: PlannerConfig, mover: str) -> bool:
+    """Whether the fleet less ``mover``, in the modes it runs now, still meets every SLA it meets now: the
+    goodput of the classes with a TPOT target (served first, their tiers' priority) is kept. The classes without
+    one lose throughput while a worker restarts; that loss is the move's cost (``move_cost``)."""
+    sla = [c for c in planned_loads(inp) if c.tpot_target_s is not None]
+    if not sla:
+        return True
+    less = _current_specs(inp, sla, mover)
+    if not less:
+        return False
+    kept = score_pools(inp, sla, less, cfg)[0]
+    return kept >= 0.999 * score_pools(inp, sla, _current_specs(inp, sla, None), cfg)[0]
+
+
+def _choose_stay(cands: Sequence[Candidate], cfg: PlannerConfig) -> Candidate:
+    """Among the candidates that restart nothing: the highest predicted goodput, a split counted only where it
+    beats the shared pool by ``split_gain``; within 1 % of it, the fewest pools, then the most spare capacity."""
+    stay = [c for c in cands if not c.moves]
+    shared = stay[0]
+    pool = [shared, *(c for c in stay[1:] if len(c.pools) == 1 or
+                      c.goodput_tok_s >= (1.0 + cfg.split_gain) * shared.goodput_tok_s)]  # fmt: skip
+    top = max(c.goodput_tok_s for c in pool)
+    near = [c for c in pool if c.goodput_tok_s >= 0.99 * top]
+    return max(
+        near,
+        key=lambda c: (-len(c.pools), sum(e.spare_seq_steps for e in c.estimates.values()), c.goodput_tok_s),
+    )
+
+
+def choose(inp: PlannerInput, cands: Sequence[Candidate], cfg: PlannerConfig) -> tuple[Candidate, str]:
+    """The best candidate and why: the best that restarts nothing, unless one that restarts workers gains more over
+    the horizon than its restarts cost, by ``move_margin``, and the fleet less one worker carries the load."""
+    stay = _choose_stay(cands, cfg)
+    horizon = horizon_s(inp, cfg)
+    best, best_net, why = stay, 0.0, ""
+    for cand in cands:
+        if not cand.moves:
+            continue
+        gain, cost = (cand.goodput_tok_s - stay.goodput_tok_s) * horizon, move_cost(inp, cand)
+        if gain <= cost * (1.0 + cfg.move_margin) or gain - cost <= best_net:
+            continue
+        if not through_restart(inp, cfg, cand.moves[0]):
+            blocked = f"restarting {', '.join(cand.moves)} would gain {gain:.0f} tok for a cost of {cost:.0f} tok"
+            why = why or f"{blocked}, but the others cannot carry the forecast through a restart"
+            continue
+        best, best_net = cand, gain - cost
+        why = (f"restart {', '.join(cand.moves)}: gain {gain:.0f} tok over {horizon:.0f} s > cost {cost:.0f} tok "
+               f"(restart_s {inp.restart_s:.0f} s × share of the forecast load) + {cfg.move_margin:.0%}")  # fmt: skip
+    return best, why
 
 
 def _evaluate_plan(inp: PlannerInput, plan: FleetPlan, cfg: PlannerConfig) -> float | None:
@@ -401,48 +436,29 @@ def _evaluate_plan(inp: PlannerInput, plan: FleetPlan, cfg: PlannerConfig) -> fl
     classes: then it must be replaced)."""
     if sorted(w for p in plan.pools for w in p.workers) != sorted(inp.workers):
         return None
-    by_name = {c.name: c for c in inp.classes}
-    if any(not plan.pools_for(name) for name in by_name):
+    if any(not plan.pools_for(c.name) for c in inp.classes):
         return None
-    gears = list(inp.gears if inp.gears is not None else range(inp.profile.drafter.k_max + 1))
-    total = 0.0
-    for pool in plan.pools:
-        loads = [(c, c.rate_req_s) for c in inp.classes if pool.serves(c.name)]
-        cap = pool.max_concurrency or inp.max_num_seqs
-        if pool.k is None:
-            total += _best_pool(inp.profile, loads, len(pool.workers), gears, [cap], shared_view(cfg))[2].goodput_tok_s
-        else:
-            est = evaluate_pool(inp.profile, loads, workers=len(pool.workers), k=pool.k, cap=cap, cfg=cfg)
-            total += est.goodput_tok_s
-    return total
-
-
-def _choose(cands: Sequence[Candidate], cfg: PlannerConfig) -> Candidate:
-    """The highest predicted goodput, a split counted only where it beats the shared pool (``cands[0]``) by
-    ``split_gain``; within 1 % of it, the fewest pools, then the most spare capacity."""
-    shared = cands[0]
-    cands = [shared, *(c for c in cands[1:] if c.goodput_tok_s >= (1.0 + cfg.split_gain) * shared.goodput_tok_s)]
-    top = max(c.goodput_tok_s for c in cands)
-    near = [c for c in cands if c.goodput_tok_s >= 0.99 * top]
-    return max(
-        near,
-        key=lambda c: (-len(c.pools), sum(e.spare_seq_steps for e in c.estimates.values()), c.goodput_tok_s),
-    )
+    return score_pools(inp, planned_loads(inp), plan.pools, cfg)[0]
 
 
 def _predicted(inp: PlannerInput, cand: Candidate, cfg: PlannerConfig) -> dict[str, float]:
-    """The plan's ``predicted``: goodput, spilled tokens, and per pool its batch, per-class TPOT and (pools at a
-    fixed k) its spill limit."""
+    """The plan's ``predicted``: goodput, spilled tokens, the moves' gain and cost, and per pool its batch,
+    per-class TPOT and (pools at a fixed k) its spill limit."""
     out = {"goodput_tok_s": round(cand.goodput_tok_s, 3), "spilled_tok_s": round(cand.spilled_tok_s, 3)}
+    if cand.moves:
+        out["restarts"] = float(len(cand.moves))
+        out["move_cost_tok"] = round(move_cost(inp, cand), 1)
+    loads = planned_loads(inp)
     for pool in cand.pools:
         est = cand.estimates[pool.name]
         out[f"batch/{pool.name}"] = round(est.batch, 3)
         for cls, tpot in est.tpot_s.items():
             out[f"tpot_s/{pool.name}/{cls}"] = round(tpot, 5)
         if pool.k is not None:
-            loads = [(c, c.rate_req_s) for c in inp.classes if pool.serves(c.name)]
+            mine = [(c, c.rate_req_s) for c in loads if pool.serves(c.name)]
             cap = pool.max_concurrency or inp.max_num_seqs
-            limit = spill_limit(inp.profile, loads, workers=len(pool.workers), k=pool.k, cap=cap, cfg=cfg)
+            limit = spill_limit(inp.profile, mine, workers=len(pool.workers), k=pool.k, cap=cap, cfg=cfg,
+                                drafter=pool.drafter)  # fmt: skip
             out[f"{SPILL_LIMIT_KEY}{pool.name}"] = float(limit)
     return out
 
@@ -451,9 +467,19 @@ def _describe(cand: Candidate) -> str:
     parts = []
     for p in cand.pools:
         gear = "k by its loop" if p.k is None else f"k={p.k}"
+        mode = ", drafter off" if p.drafter == "off" else ""
         cap = f", cap {p.max_concurrency}" if p.max_concurrency else ""
-        parts.append(f"{p.name}: {len(p.workers)} worker(s), {gear}{cap}, {'+'.join(p.classes)}")
+        parts.append(f"{p.name}: {len(p.workers)} worker(s), {gear}{mode}{cap}, {'+'.join(p.classes)}")
     return "; ".join(parts) + f"; predicted goodput {cand.goodput_tok_s:.0f} tok/s"
+
+
+def _with_forecast(inp: PlannerInput, pools: Sequence[PoolPlan]) -> list[PoolPlan]:
+    """Each pool with the forecast of the classes it serves (what it was sized for)."""
+    out = []
+    for p in pools:
+        mine = {c: f for c, f in inp.forecast.items() if p.serves(c)}
+        out.append(p.model_copy(update={"forecast": mine}) if mine or p.forecast else p)
+    return out
 
 
 def _plan(inp: PlannerInput, pools: Sequence[PoolPlan], version: int, reason: str, predicted: dict[str, float],
@@ -463,34 +489,36 @@ def _plan(inp: PlannerInput, pools: Sequence[PoolPlan], version: int, reason: st
         version=version,
         issued_at=inp.now,
         ttl_s=cfg.ttl_s,
-        pools=list(pools),
+        pools=_with_forecast(inp, pools),
         spill_margin=cfg.spill_margin,
         reason=reason,
         predicted=predicted,
     )
 
 
+def _key(pools: Sequence[PoolPlan]) -> list[tuple[object, ...]]:
+    return [(p.name, p.classes, p.workers, p.k, p.max_concurrency, p.drafter) for p in pools]
+
+
 def plan_fleet(inp: PlannerInput, cfg: PlannerConfig | None = None) -> FleetPlan:
     """The plan for ``inp`` (see the module docstring): the best candidate, or the current plan republished
     when the best does not beat it by ``hysteresis`` or the current plan is younger than ``min_dwell_s``."""
     cfg = cfg or PlannerConfig()
-    cands = candidates(inp, cfg)
-    best = _choose(cands, cfg)
+    best, why = choose(inp, candidates(inp, cfg), cfg)
+    reason = _describe(best) + (f"; {why}" if why else "")
     current = inp.current
     if current is None:
-        return _plan(inp, best.pools, 1, "first plan: " + _describe(best), _predicted(inp, best, cfg), cfg)
+        return _plan(inp, best.pools, 1, "first plan: " + reason, _predicted(inp, best, cfg), cfg)
     held = _evaluate_plan(inp, current, cfg)
-    same = [(p.name, p.classes, p.workers, p.k, p.max_concurrency) for p in current.pools] == [
-        (p.name, p.classes, p.workers, p.k, p.max_concurrency) for p in best.pools
-    ]
+    same = _key(current.pools) == _key(best.pools)
     if held is not None and not same:
         young = inp.now - inp.current_since < cfg.min_dwell_s
         small = best.goodput_tok_s <= held * (1.0 + cfg.hysteresis)
         if young or small:
-            why = f"held {inp.now - inp.current_since:.0f} s < dwell {cfg.min_dwell_s:.0f} s" if young else (
+            kept = f"held {inp.now - inp.current_since:.0f} s < dwell {cfg.min_dwell_s:.0f} s" if young else (
                 f"best {best.goodput_tok_s:.0f} tok/s is within {cfg.hysteresis:.0%} of the current {held:.0f}"
             )  # fmt: skip
             predicted = {**current.predicted, "goodput_tok_s": round(held, 3)}
-            return _plan(inp, current.pools, current.version, f"kept ({why}): {current.reason}", predicted, cfg)
+            return _plan(inp, current.pools, current.version, f"kept ({kept}): {current.reason}", predicted, cfg)
     version = current.version if same else current.version + 1
-    return _plan(inp, best.pools, version, _describe(best), _predicted(inp, best, cfg), cfg)
+    return _plan(inp, best.pools, version, reason, _predicted(inp, best, cfg), cfg)
