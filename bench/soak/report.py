@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.markdown import table
+from bench.soak.ledger import LedgerDiff, ledger_diff
 from bench.soak.run import Finished, SoakResult
 from fleet.stats import percentile
 
@@ -95,7 +96,24 @@ def checks(result: SoakResult) -> list[Check]:
         if (got := result.ledger.get(t, {}).get(k, 0)) != v
     ]
     out.append(Check("usage ledger = client counts (per tenant)", not diffs, "; ".join(diffs) or "exact"))
+    exact = request_ledger(result)
+    out.append(Check("usage ledger = client requests (one record each, same tokens, by request id)",
+                     exact.differences == 0 and exact.answered > 0, _diff_detail(exact)))  # fmt: skip
     return out
+
+
+def request_ledger(result: SoakResult) -> LedgerDiff:
+    """The request-by-request comparison of the run's ledger with what its clients saw."""
+    return ledger_diff((f.result for f in result.finished), result.records)
+
+
+def _diff_detail(d: LedgerDiff) -> str:
+    head = f"{d.answered} answered, {d.records} records"
+    counts = (f"missing {d.missing}, duplicate {d.duplicate}, wrong amount {d.wrong_amount}, unknown {d.unknown}, "
+              f"without request id {d.no_request_id}")  # fmt: skip
+    billed = f"; {d.unanswered_billed} records of requests the client saw fail" if d.unanswered_billed else ""
+    examples = f" (e.g. {', '.join(d.examples)})" if d.examples else ""
+    return f"{head}: {counts}{billed}{examples}"
 
 
 def _ms(x: float) -> str:
@@ -202,6 +220,9 @@ def write(result: SoakResult, out: Path, *, command: str) -> Path:
                 for t, row in clients.items()
             ],
         ),
+        "",
+        "The totals above are the admin usage report's. Request by request (each answered request's `x-request-id` "
+        f"looked up among the run's ledger records): {_diff_detail(request_ledger(result))}.",
         "",
         f"Gateway exit codes after SIGTERM: {result.gateway_exit_codes}.",
         "",

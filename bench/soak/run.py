@@ -21,7 +21,9 @@ import orjson
 
 from bench.soak.client import StreamResult, stream_chat
 from bench.soak.probe import CONNECTIONS_METRIC, TASKS_METRIC, established, open_fds, rss_mib, scrape_gauge
-from bench.soak.stack import MODEL, SOAK_TENANTS, SoakStack, SoakTenant, soak_stack
+from bench.soak.stack import KEY_PREFIX, MODEL, SOAK_TENANTS, SoakStack, SoakTenant, soak_stack
+from fleet.store.protocol import UsageRecord
+from fleet.store.redis import RedisStore
 
 WORDS = [
     "gear",
@@ -100,6 +102,8 @@ class SoakResult:
     after: Probe | None = None
     ledger: dict[str, dict[str, float]] = field(default_factory=dict)
     """Tenant → the admin usage report's totals (requests, prompt_tokens, completion_tokens)."""
+    records: list[UsageRecord] = field(default_factory=list)
+    """Every usage record in the run's Redis (the exact, per-request check reads them)."""
     limited_tenants: frozenset[str] = frozenset()
     gateway_exit_codes: list[int] = field(default_factory=list)
     died: list[str] = field(default_factory=list)
@@ -183,6 +187,14 @@ async def _ledger(stack: SoakStack, since: float, tenants: tuple[SoakTenant, ...
     return out
 
 
+async def _records(stack: SoakStack, *, at_most: int) -> list[UsageRecord]:
+    store = RedisStore.from_url(stack.redis.url, prefix=KEY_PREFIX)
+    try:
+        return await store.ledger(since=0.0, until=1e12, limit=at_most)
+    finally:
+        await store.close()
+
+
 async def run_soak(
     cfg: SoakConfig, run_dir: Path, *, progress: Callable[[Sample], None] = lambda _: None
 ) -> SoakResult:
@@ -210,5 +222,6 @@ async def run_soak(
         result.after = await asyncio.to_thread(_probe, stack)
         if not result.died:  # a dead gateway cannot be asked; the report says why the run stopped
             result.ledger = await _ledger(stack, result.started_wall, cfg.tenants)
+            result.records = await _records(stack, at_most=2 * len(result.finished) + 1000)
         result.gateway_exit_codes = [await asyncio.to_thread(g.terminate) for g in stack.gateways]
     return result

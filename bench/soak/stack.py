@@ -16,6 +16,7 @@ from bench.procs import Proc, start_gateway, start_redis, start_sim
 from fleet.config import key_digest
 
 MODEL = "kimi-k3"
+KEY_PREFIX = "soak:"
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,7 +131,7 @@ def soak_stack(
             "GEARSHIFT_FLEET_FILE": str(config_dir / "fleet.yaml"),
             "GEARSHIFT_TENANTS_FILE": str(config_dir / "tenants.yaml"),
             "GEARSHIFT_REDIS_URL": redis.url,
-            "GEARSHIFT_KEY_PREFIX": "soak:",
+            "GEARSHIFT_KEY_PREFIX": KEY_PREFIX,
             "GEARSHIFT_KEY_PEPPER": sec.pepper,
             "GEARSHIFT_ADMIN_KEY": sec.admin_key,
             "GEARSHIFT_HOST": "127.0.0.1",

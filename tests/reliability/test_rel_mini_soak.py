@@ -32,6 +32,9 @@ async def test_mini_soak_keeps_the_invariants(tmp_path: Path) -> None:
     assert by_name["usage ledger = client counts (per tenant)"].met, by_name[
         "usage ledger = client counts (per tenant)"
     ]
+    exact = soak_report.request_ledger(result)
+    assert exact.differences == 0, exact
+    assert exact.answered == sum(1 for f in result.finished if f.result.ok)
     assert by_name["client connections at the end = at the start"].met
     served = sum(1 for f in result.finished if f.result.ok)
     assert served >= cfg.clients
