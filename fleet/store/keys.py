@@ -13,12 +13,14 @@ the same hash tag (``{…}``), so it lives in one slot (on a single Redis the ta
 - ``P{workers}:ids`` and ``P{workers}:state:<id>``: the worker registry; ``P{ejected}:until|reason``: ejections;
   ``P{lease:<name>}``: one lease per tag; ``P{apikey}:digest|id|revoked``: run-time API keys; ``P{replicas}``:
   the gateway replica registry; ``P{doc:<collection>}:ids|doc:<id>``: shared documents (a collection per slot);
-  ``P{log:<name>}``: an append-only log (a Redis stream).
+  ``P{log:<name>}``: an append-only log (a sorted set by time), except a log written together with a collection's
+  documents (``LOG_SLOTS``), which is ``P{doc:<collection>}:log:<name>``, in that collection's slot.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Final
 
 
 class StoreMisconfigured(RuntimeError):
@@ -27,6 +29,18 @@ class StoreMisconfigured(RuntimeError):
 
 class ScopeMismatch(ValueError):
     """One store call named limits of more than one scope (they could live on different cluster nodes)."""
+
+
+LOG_SLOTS: Final[Mapping[str, str]] = {"admin-audit": "tenants"}
+"""Log → the document collection it is written together with (``Store.put_doc_logged``, one transaction): the log
+lives in that collection's slot. The admin audit trail (``gateway.usage.audit``) is written with each run-time tenant
+or tier change (``fleet.tenants.COLLECTION``), so a change and its entry are one write (issue 23)."""
+
+
+def log_collection(log: str, collection: str) -> None:
+    """Raise ``ScopeMismatch`` unless ``log`` is written together with ``collection`` (``LOG_SLOTS``)."""
+    if LOG_SLOTS.get(log) != collection:
+        raise ScopeMismatch(f"log {log!r} does not live with collection {collection!r} (fleet.store.keys.LOG_SLOTS)")
 
 
 def spend_key(tenant: str) -> str:
@@ -110,7 +124,15 @@ class KeyLayout:
         return f"{self._p}{{doc:{collection}}}:doc:"
 
     def log(self, name: str) -> str:
+        collection = LOG_SLOTS.get(name)
+        if collection is not None:
+            return f"{self.doc_ids(collection).removesuffix(':ids')}:log:{name}"
         return f"{self._p}{{log:{name}}}"
+
+    def legacy_log(self, name: str) -> str | None:
+        """Where a log of ``LOG_SLOTS`` lived before it moved to its collection's slot (read, never written: entries
+        from before the move, or from a gateway one minor version older); None for any other log."""
+        return f"{self._p}{{log:{name}}}" if name in LOG_SLOTS else None
 
     def replicas(self) -> str:
         return f"{self._p}{{replicas}}"

@@ -380,6 +380,30 @@ return n
 """
 )
 
+PUT_DOC_LOGGED = """
+-- A document change and its log entry, all or nothing (Store.put_doc_logged). KEYS: the document, the collection's
+-- id set, the log (a sorted set by time; all three in the collection's slot). ARGV: '1' to store ARGV[2] as the
+-- document ('' deletes it), the body, the document id, the log member, its time, the log's cap. Every key's type is
+-- checked before anything is written: a script stops at its first failing command and keeps what it wrote before.
+local want = {'string', 'set', 'zset'}
+for i = 1, 3 do
+  local kind = redis.call('TYPE', KEYS[i]).ok
+  if kind ~= 'none' and kind ~= want[i] then
+    return redis.error_reply('WRONGTYPE ' .. KEYS[i] .. ' holds a ' .. kind .. ': nothing written')
+  end
+end
+if ARGV[1] == '1' then
+  redis.call('SET', KEYS[1], ARGV[2])
+  redis.call('SADD', KEYS[2], ARGV[3])
+else
+  redis.call('DEL', KEYS[1])
+  redis.call('SREM', KEYS[2], ARGV[3])
+end
+redis.call('ZADD', KEYS[3], ARGV[5], ARGV[4])
+redis.call('ZREMRANGEBYRANK', KEYS[3], 0, -(tonumber(ARGV[6]) + 1))
+return 1
+"""
+
 REVOKE_KEY = """
 -- KEYS: id → digest hash, revoked set. ARGV[1]: key id.
 local digest = redis.call('HGET', KEYS[1], ARGV[1])

@@ -15,7 +15,7 @@ from itertools import islice
 
 from fleet.clock import Clock, SystemClock
 from fleet.store import window as win
-from fleet.store.keys import scope_of, single_scope, spend_key
+from fleet.store.keys import log_collection, scope_of, single_scope, spend_key
 from fleet.store.ledger import TenantLedger
 from fleet.store.protocol import (
     LOG_MAX_ENTRIES,
@@ -263,6 +263,16 @@ class MemoryStore:
         existed = doc_id in await self.docs(collection)
         self._docs.get(collection, {}).pop(doc_id, None)
         return existed
+
+    async def put_doc_logged(
+        self, collection: str, doc_id: str, body: str | None, *, log: str, entry: str, now: float
+    ) -> None:
+        log_collection(log, collection)  # checked before either write; nothing below awaits
+        if body is None:
+            self._docs.get(collection, {}).pop(doc_id, None)
+        else:
+            self._docs.setdefault(collection, {})[doc_id] = (body, float("inf"))
+        await self.append_log(log, entry, now=now)
 
     async def append_log(self, log: str, body: str, *, now: float) -> None:
         entries = self._logs.setdefault(log, [])

@@ -312,6 +312,15 @@ class Store(Protocol):
         """Remove one document; True when it existed."""
         ...
 
+    async def put_doc_logged(
+        self, collection: str, doc_id: str, body: str | None, *, log: str, entry: str, now: float
+    ) -> None:
+        """All or nothing: store ``body`` as ``doc_id`` in ``collection`` (``put_doc``, no TTL; None deletes it) and
+        append ``entry`` to ``log`` at ``now`` (``append_log``). ``log`` must live with ``collection``
+        (``fleet.store.keys.LOG_SLOTS``: one cluster slot; ``ScopeMismatch`` otherwise). On Redis one script call
+        that checks every key's type before it writes anything."""
+        ...
+
     async def append_log(self, log: str, body: str, *, now: float) -> None:
         """Append ``body`` at time ``now`` (Unix s) to the append-only ``log`` (its newest ``LOG_MAX_ENTRIES``
         are kept)."""

@@ -48,6 +48,7 @@ from fleet.store.keys import (
     SCHEMA_VERSION,
     KeyLayout,
     StoreMisconfigured,
+    log_collection,
     scope_of,
     settled_key,
     single_scope,
@@ -240,6 +241,7 @@ class RedisStore:
         self._usage = _Script(client, lua.USAGE, "RedisStore.usage")
         self._trim = _Script(client, lua.TRIM_USAGE, "RedisStore.trim_usage")
         self._revoke = _Script(client, lua.REVOKE_KEY, "RedisStore.revoke_api_key")
+        self._put_doc_logged = _Script(client, lua.PUT_DOC_LOGGED, "RedisStore.put_doc_logged")
         self._rollup_args = [str(len(ROLLUP_SIZES_S))] + [_num(size) for size in ROLLUP_SIZES_S]
 
     @property
@@ -615,6 +617,15 @@ class RedisStore:
             deleted, _ = await pipe.execute()
         return bool(deleted)
 
+    async def put_doc_logged(
+        self, collection: str, doc_id: str, body: str | None, *, log: str, entry: str, now: float
+    ) -> None:
+        log_collection(log, collection)
+        keys = [self._keys.doc_prefix(collection) + doc_id, self._keys.doc_ids(collection), self._keys.log(log)]
+        member = f"{uuid.uuid4().hex}:{entry}"
+        flag = "" if body is None else "1"
+        await self._put_doc_logged(keys=keys, args=[flag, body or "", doc_id, member, _num(now), str(LOG_MAX_ENTRIES)])
+
     async def append_log(self, log: str, body: str, *, now: float) -> None:
         # A sorted set by time; the member carries a unique prefix so equal bodies at equal times both stay.
         member = f"{uuid.uuid4().hex}:{body}"
@@ -626,13 +637,14 @@ class RedisStore:
     async def read_log(self, log: str, *, since: float, until: float, limit: int = 1000) -> list[LogEntry]:
         if limit <= 0:
             return []
-        pairs = cast(
-            list[tuple[str, float]],
-            await self._redis.zrangebyscore(
-                self._keys.log(log), _num(since), f"({_num(until)}", start=0, num=limit, withscores=True
-            ),
+        legacy = self._keys.legacy_log(log)
+        names = [self._keys.log(log), *([legacy] if legacy else [])]
+        lo, hi = _num(since), f"({_num(until)}"
+        parts = await asyncio.gather(
+            *(self._redis.zrangebyscore(n, lo, hi, start=0, num=limit, withscores=True) for n in names)
         )
-        return [LogEntry(at=float(at), body=str(member).partition(":")[2]) for member, at in pairs]
+        pairs = cast(list[tuple[str, float]], heapq.merge(*parts, key=lambda pair: (pair[1], pair[0])))
+        return [LogEntry(at=float(at), body=str(member).partition(":")[2]) for member, at in islice(pairs, limit)]
 
     async def verify(self) -> None:
         try:

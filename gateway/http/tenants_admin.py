@@ -147,8 +147,8 @@ async def create_tenant(body: Annotated[dict[str, Any], Body()], who: AdminDep, 
     if gw.tenant_book.tenant(tenant.id) is not None:
         raise Conflict(f"Tenant '{tenant.id}' already exists: change it with PATCH.", param="id")
     now = gw.clock.wall()
-    await gw.tenant_book.save(tenant.id, tenant, by=who, now=now)
-    await audit.record(gw.store, who=who, action="tenant.create", target=tenant.id, now=now, tenant=body)
+    entry = audit.entry(who=who, action="tenant.create", target=tenant.id, now=now, tenant=body)
+    await gw.tenant_book.save(tenant.id, tenant, by=who, now=now, log=audit.LOG, entry=entry)
     return await _view(gw, _existing(gw, tenant.id))
 
 
@@ -168,8 +168,8 @@ async def update_tenant(
         raise InvalidRequest("tenant: id: a tenant's id cannot change.", param="id")
     tenant = _validated(gw, {**current.model_dump(include=_SETTABLE), **body, "id": tenant_id})
     now = gw.clock.wall()
-    await gw.tenant_book.save(tenant_id, tenant, by=who, now=now)
-    await audit.record(gw.store, who=who, action="tenant.update", target=tenant_id, now=now, changes=body)
+    entry = audit.entry(who=who, action="tenant.update", target=tenant_id, now=now, changes=body)
+    await gw.tenant_book.save(tenant_id, tenant, by=who, now=now, log=audit.LOG, entry=entry)
     return await _view(gw, _existing(gw, tenant_id))
 
 
@@ -179,8 +179,8 @@ async def delete_tenant(tenant_id: str, who: AdminDep, gw: GatewayDep) -> Delete
     its entry in the file changes (``fleet.tenants``)."""
     _existing(gw, tenant_id)
     now = gw.clock.wall()
-    await gw.tenant_book.save(tenant_id, None, by=who, now=now)
-    await audit.record(gw.store, who=who, action="tenant.delete", target=tenant_id, now=now)
+    entry = audit.entry(who=who, action="tenant.delete", target=tenant_id, now=now)
+    await gw.tenant_book.save(tenant_id, None, by=who, now=now, log=audit.LOG, entry=entry)
     return Deleted(id=tenant_id)
 
 

@@ -97,6 +97,6 @@ async def update_tier(tier: str, body: Annotated[dict[str, Any], Body()], who: A
         raise NotFound(f"No tier '{tier}'.", param="tier")
     changed = _validated({**current.model_dump(), **body})
     now = gw.clock.wall()
-    await gw.tenant_book.save_tier(tier, changed, by=who, now=now)
-    await audit.record(gw.store, who=who, action="tier.update", target=tier, now=now, changes=body)
+    entry = audit.entry(who=who, action="tier.update", target=tier, now=now, changes=body)
+    await gw.tenant_book.save_tier(tier, changed, by=who, now=now, log=audit.LOG, entry=entry)
     return _view(gw, tier)

@@ -63,27 +63,31 @@ class TenantBook:
         except Exception as exc:  # the loop retries; an outage must not stop the gateway from starting
             log.warning("cannot read the run-time tenants yet, serving the tenants file: %s", exc)
 
-    async def save(self, tenant_id: str, tenant: TenantConfig | None, *, by: str, now: float) -> None:
+    async def save(
+        self, tenant_id: str, tenant: TenantConfig | None, *, by: str, now: float, log: str, entry: str
+    ) -> None:
         """Store ``tenant`` (None: deleted) as changed at run time by admin key ``by``, against the file's entry
-        as it is now, and put it in force here. Deleting a tenant the file does not have removes its document."""
-        entry = self.file.tenant(tenant_id)
-        if tenant is None and entry is None:
-            await self._store.delete_doc(COLLECTION, tenant_id)
-        else:
+        as it is now, together with ``entry`` in ``log`` (the audit trail: one write, both or neither), and put it in
+        force here. Deleting a tenant the file does not have removes its document."""
+        in_file = self.file.tenant(tenant_id)
+        body = None
+        if tenant is not None or in_file is not None:
             change = TenantChange(
                 tenant_id=tenant_id,
                 tenant=tenant.model_copy(update={"keys": ()}) if tenant is not None else None,
-                file_digest=entry_digest(entry),
+                file_digest=entry_digest(in_file),
                 changed_at=now,
                 changed_by=by,
             )
-            await self._store.put_doc(COLLECTION, tenant_id, change.model_dump_json())
+            body = change.model_dump_json()
+        await self._store.put_doc_logged(COLLECTION, tenant_id, body, log=log, entry=entry, now=now)
         await self.refresh()
 
-    async def save_tier(self, tier: str, config: TierConfig, *, by: str, now: float) -> None:
-        """Store tier ``tier`` as changed at run time by admin key ``by``, against the file's tier as it is now, and
-        put it in force here."""
+    async def save_tier(self, tier: str, config: TierConfig, *, by: str, now: float, log: str, entry: str) -> None:
+        """Store tier ``tier`` as changed at run time by admin key ``by``, against the file's tier as it is now,
+        together with ``entry`` in ``log`` (one write), and put it in force here."""
         digest = entry_digest(self.file.tiers.get(tier))
         change = TierChange(tier_name=tier, tier=config, file_digest=digest, changed_at=now, changed_by=by)
-        await self._store.put_doc(COLLECTION, tier_doc_id(tier), change.model_dump_json())
+        body = change.model_dump_json()
+        await self._store.put_doc_logged(COLLECTION, tier_doc_id(tier), body, log=log, entry=entry, now=now)
         await self.refresh()

@@ -17,6 +17,7 @@ from fleet.store.memory import MemoryStore
 from fleet.store.protocol import Store
 from fleet.store.redis import RedisStore
 from gateway.intake.tenant_book import TenantBook
+from gateway.usage import audit
 from workers.sim.arrivals import Lengths, Phase, PhasedLoad, WorkloadMix
 from workers.sim.virtual import VirtualLab, make_worker
 
@@ -27,6 +28,9 @@ TIERS = {
 }
 FILE = TenantsConfig(tiers=TIERS, tenants=(TenantConfig(id="acme", tier="slow"),))
 MIX = WorkloadMix.single("chat", Lengths(200, 0.3), Lengths(200, 0.3))
+
+ENTRY = audit.entry(who="admin", action="tenant.update", target="-", now=0.0)
+"""The audit entry a run-time change is stored with (one write)."""
 
 
 @pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
@@ -70,18 +74,29 @@ async def test_a_run_time_tier_change_reaches_the_controller_without_a_restart(
     assert (rt.tpot_target_s, rt.ttft_target_s) == (TIERS["slow"].tpot_target_s, TIERS["slow"].ttft_target_s)
 
     acme = FILE.tenants[0]
-    await book.save("acme", acme.model_copy(update={"tier": "fast"}), by="admin", now=clock.wall())
+    await book.save(
+        "acme", acme.model_copy(update={"tier": "fast"}), by="admin", now=clock.wall(), log=audit.LOG, entry=ENTRY
+    )
     await run_lab(vlab, ctl, until_s=6, tick_s=2)
     assert (rt.tpot_target_s, rt.ttft_target_s) == (TIERS["fast"].tpot_target_s, TIERS["fast"].ttft_target_s)
     assert ctl.tenants.tenant("acme") == acme.model_copy(update={"tier": "fast"})
 
-    await book.save("acme", acme.model_copy(update={"tier": "bulk"}), by="admin", now=clock.wall())
-    await book.save("newco", TenantConfig(id="newco", tier="slow", models=("kimi-k3",)), by="admin", now=clock.wall())
+    await book.save(
+        "acme", acme.model_copy(update={"tier": "bulk"}), by="admin", now=clock.wall(), log=audit.LOG, entry=ENTRY
+    )
+    await book.save(
+        "newco",
+        TenantConfig(id="newco", tier="slow", models=("kimi-k3",)),
+        by="admin",
+        now=clock.wall(),
+        log=audit.LOG,
+        entry=ENTRY,
+    )
     await run_lab(vlab, ctl, until_s=8, tick_s=2)
     assert ctl.tenants.tenant("newco") is not None, "a tenant created at run time is seen"
     assert rt.tpot_target_s == TIERS["slow"].tpot_target_s, "the tightest tier left is the new tenant's"
 
-    await book.save("newco", None, by="admin", now=clock.wall())
+    await book.save("newco", None, by="admin", now=clock.wall(), log=audit.LOG, entry=ENTRY)
     await run_lab(vlab, ctl, until_s=10, tick_s=2)
     assert (rt.tpot_target_s, rt.ttft_target_s) == (None, None), "only a bulk tenant is left"
 
@@ -94,7 +109,12 @@ async def test_a_store_that_fails_keeps_the_tenants_last_read_and_counts_the_fai
     vlab = VirtualLab(workers, PhasedLoad([Phase(1000, MIX, concurrency=2)]), clock=clock)
     ctl = lab_controller(workers, lab_profile, clock, tenants=FILE, store=store)
     await TenantBook(FILE, store, on_change=lambda _: None).save(
-        "acme", FILE.tenants[0].model_copy(update={"tier": "fast"}), by="admin", now=clock.wall()
+        "acme",
+        FILE.tenants[0].model_copy(update={"tier": "fast"}),
+        by="admin",
+        now=clock.wall(),
+        log=audit.LOG,
+        entry=ENTRY,
     )
     await run_lab(vlab, ctl, until_s=2, tick_s=2)
     store.broken = True

@@ -16,17 +16,28 @@ from fleet.config import TenantConfig
 from fleet.store.memory import MemoryStore
 from gateway.intake.tenant_book import TenantBook
 from gateway.settings import GatewaySettings
+from gateway.usage import audit
 from gearshift.cli.top import GatewayAdminStates, StoreStates, run_top
 from tests.gateway.harness import ADMIN_KEY, PEPPER, make_fleet, make_tenants, serve_gateway
+
+ENTRY = audit.entry(who="admin", action="tenant.update", target="-", now=0.0)
+"""The audit entry a run-time change is stored with (one write)."""
 
 
 async def test_the_store_source_merges_the_run_time_changes_over_the_file() -> None:
     file = make_tenants()
     store = MemoryStore(clock=SystemClock())
     book = TenantBook(file, store, on_change=lambda _: None)
-    await book.save("beta", file.tenants[1].model_copy(update={"tier": "interactive"}), by="admin", now=0.0)
-    await book.save("delta", TenantConfig(id="delta", tier="batch"), by="admin", now=0.0)
-    await book.save("gamma", None, by="admin", now=0.0)
+    await book.save(
+        "beta",
+        file.tenants[1].model_copy(update={"tier": "interactive"}),
+        by="admin",
+        now=0.0,
+        log=audit.LOG,
+        entry=ENTRY,
+    )
+    await book.save("delta", TenantConfig(id="delta", tier="batch"), by="admin", now=0.0, log=audit.LOG, entry=ENTRY)
+    await book.save("gamma", None, by="admin", now=0.0, log=audit.LOG, entry=ENTRY)
     tiers = {t.id: t.tier for t in (await StoreStates(store).tenants(file)).tenants}
     assert tiers == {"alpha": "interactive", "beta": "interactive", "delta": "batch"}
 

@@ -34,3 +34,16 @@ async def test_log_reads_a_time_range_oldest_first_and_keeps_equal_entries(harne
     assert [e.body for e in await store.read_log("audit", since=T0 + 3, until=T0 + 4)] == ['{"op": "c:with:colons"}']
     assert len(await store.read_log("audit", since=T0, until=T0 + 9, limit=2)) == 2
     assert await store.read_log("audit", since=T0, until=T0 + 9, limit=0) == []
+
+
+async def test_a_document_and_its_log_entry_are_written_together(harness: StoreHarness) -> None:
+    """``put_doc_logged`` (issue 23: a tenant change and its audit entry are one write), also on a Redis Cluster:
+    the log lives in the collection's slot."""
+    store = harness.store
+    await store.put_doc_logged("tenants", "acme", '{"v": 1}', log="admin-audit", entry='{"op": "create"}', now=T0 + 1)
+    await store.put_doc_logged("tenants", "acme", None, log="admin-audit", entry='{"op": "delete"}', now=T0 + 2)
+    await store.put_doc_logged("tenants", "beta", '{"v": 2}', log="admin-audit", entry='{"op": "create"}', now=T0 + 3)
+    await store.append_log("admin-audit", '{"op": "key"}', now=T0 + 4)  # an entry without a document change
+    assert await store.docs("tenants") == {"beta": '{"v": 2}'}
+    entries = await store.read_log("admin-audit", since=T0, until=T0 + 9)
+    assert [e.body for e in entries] == ['{"op": "create"}', '{"op": "delete"}', '{"op": "create"}', '{"op": "key"}']
