@@ -169,7 +169,7 @@ async def _fire(
     return results
 
 
-def _max_overlap(intervals: Sequence[tuple[float, float]]) -> int:
+def max_overlap(intervals: Sequence[tuple[float, float]]) -> int:
     """The most intervals ``(start, end)`` open at one instant (an end before a start at the same time)."""
     events = sorted([(a, 1) for a, _ in intervals] + [(b, -1) for _, b in intervals], key=lambda e: (e[0], e[1]))
     best = now = 0
@@ -206,9 +206,9 @@ async def _measure(
     conc = await _fire(urls, "conc", n=100_000, clients=c, max_tokens=64, until=lambda: loop.time() > stop_at)
     await asyncio.sleep(1.0)
     recs = await _records(store, "conc")
-    held = _max_overlap([(r.admitted_at or r.at, r.at) for r in recs])
-    lower = _max_overlap([(r.arrived_at + r.ttft_s, r.at) for r in recs if r.arrived_at and r.ttft_s is not None])
-    upper = _max_overlap([(r.arrived_at or r.at, r.at) for r in recs])
+    held = max_overlap([(r.admitted_at or r.at, r.at) for r in recs])
+    lower = max_overlap([(r.arrived_at + r.ttft_s, r.at) for r in recs if r.arrived_at and r.ttft_s is not None])
+    upper = max_overlap([(r.arrived_at or r.at, r.at) for r in recs])
     detail = f"{len(recs)} served; overlap of [first token, finish] {lower}, of [arrival, finish] {upper}"
     refused = sum(not r.ok for r in conc)
     out.append(LimitResult(store_name, "concurrency", config.max_concurrency, held, 0.0, detail, refused))

@@ -12,6 +12,8 @@
   ``docs/benchmarks/prefix.md`` + a PNG (``gearshift.cli.bench_prefix``).
 - ``gearshift bench drafter-free``: the controller with and without the drafter-free gear on hours-long scenarios
   → ``docs/benchmarks/drafter-free.md`` (``gearshift.cli.bench_drafter_free``).
+- ``gearshift bench chaos``: the fault matrix under load on real processes → ``docs/benchmarks/chaos.md``
+  (``gearshift.cli.chaos``).
 - ``gearshift bench robustness``: the controller with a wrong model (the workers run a perturbed or other profile)
   → ``docs/benchmarks/robustness.md``.
 """
@@ -28,11 +30,12 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from gearshift.cli import bench_drafter_free, bench_limits, bench_prefix, replay, soak
+from gearshift.cli import bench_drafter_free, bench_limits, bench_prefix, chaos, replay, soak
 
 bench_app = typer.Typer(help="Benchmarks and load checks: speculation policies in virtual time, the gateway's cost, …")
 bench_app.command("soak")(soak.soak)
 bench_app.command("fuzz")(soak.fuzz)
+bench_app.command("chaos")(chaos.chaos)
 bench_app.command("prefix")(bench_prefix.prefix)
 bench_app.command("limits")(bench_limits.limits)
 bench_app.command("drafter-free")(bench_drafter_free.drafter_free)

@@ -3,13 +3,13 @@
 
 from __future__ import annotations
 
-from bench.limits import LimitResult, _max_overlap
+from bench.limits import LimitResult, max_overlap
 
 
 def test_overlap_counts_intervals_open_at_one_instant_and_a_handover_as_one() -> None:
-    assert _max_overlap([]) == 0
-    assert _max_overlap([(0.0, 2.0), (1.0, 3.0), (1.5, 1.6)]) == 3
-    assert _max_overlap([(0.0, 1.0), (1.0, 2.0), (2.0, 3.0)]) == 1  # one ends as the next is admitted
+    assert max_overlap([]) == 0
+    assert max_overlap([(0.0, 2.0), (1.0, 3.0), (1.5, 1.6)]) == 3
+    assert max_overlap([(0.0, 1.0), (1.0, 2.0), (2.0, 3.0)]) == 1  # one ends as the next is admitted
 
 
 def test_rpm_is_met_within_one_percent_and_the_others_within_their_bound() -> None:

@@ -14,11 +14,11 @@ from typing import Any
 import httpx
 import pytest
 
+from bench.chaos.proxy import ChaosProxy, Mode
 from bench.procs import Proc, free_port, start_controller
 from fleet.store.redis import RedisStore
 from tests.gateway.harness import eventually
 
-from .rel_chaos import ChaosProxy, Mode
 from .rel_harness import fleet_of, write_env
 from .rel_types import StartRedis, StartSims
 

@@ -15,12 +15,12 @@ import httpx
 import pytest
 from redis.asyncio import Redis
 
+from bench.chaos.proxy import ChaosProxy
 from bench.procs import Proc
 from bench.soak.client import stream_chat
 from fleet.config import key_digest
 from fleet.store.redis import RedisStore
 
-from .rel_chaos import ChaosProxy
 from .rel_harness import ADMIN_KEY, KEYS, MODEL, PEPPER, chat, fleet_of, live_gateway
 from .rel_types import StartSims
 

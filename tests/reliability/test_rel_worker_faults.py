@@ -13,11 +13,11 @@ import httpx
 import orjson
 import pytest
 
+from bench.chaos.proxy import ChaosProxy, Mode
 from bench.soak.client import StreamResult, stream_chat
 from fleet.store.protocol import Store, UsageRecord
 from tests.gateway.harness import eventually
 
-from .rel_chaos import ChaosProxy, Mode
 from .rel_harness import KEYS, chat, fleet_of, live_gateway, tenants_of
 from .rel_types import StartSims
 

@@ -1,9 +1,12 @@
 """A fault-injecting HTTP proxy in front of a real simulated worker: in mode ``ok`` it passes requests through
 (streaming), in ``http_500`` it answers 500, in ``garbage`` it answers 200 with bytes that are neither JSON nor
-server-sent events. It also records the headers each request arrived with (for header-leak checks)."""
+server-sent events, in ``slow`` it passes through with ``delay_s`` seconds added before every chunk. It also
+records the headers each request arrived with (for header-leak checks). Shared by the reliability tests and
+``gearshift bench chaos``."""
 
 from __future__ import annotations
 
+import asyncio
 from enum import StrEnum
 
 import aiohttp
@@ -20,6 +23,8 @@ class Mode(StrEnum):
     GARBAGE = "garbage"
     FROZEN = "frozen"
     """``/metrics`` keeps answering the last body it passed through (stale counters); the rest passes."""
+    SLOW = "slow"
+    """Every chunk of a ``/v1/`` response is held ``delay_s`` seconds before it is passed on."""
 
 
 class ChaosProxy:
@@ -28,6 +33,8 @@ class ChaosProxy:
     def __init__(self, target: str) -> None:
         self.target = target
         self.mode = Mode.OK
+        self.delay_s = 0.0
+        """Seconds added before each chunk in ``slow`` mode."""
         self.seen_headers: list[CIMultiDict[str]] = []
         self.bodies: list[bytes] = []
         self.paths: list[str] = []
@@ -78,11 +85,17 @@ class ChaosProxy:
                     **self.extra_response_headers,
                 },
             )
-            await response.prepare(request)
             kept = []
-            async for chunk in upstream.content.iter_any():
-                await response.write(chunk)
-                kept.append(chunk)
+            slow = self.mode is Mode.SLOW and request.path.startswith("/v1/")
+            try:
+                await response.prepare(request)
+                async for chunk in upstream.content.iter_any():
+                    if slow:
+                        await asyncio.sleep(self.delay_s)
+                    await response.write(chunk)
+                    kept.append(chunk)
+            except ConnectionResetError:  # the gateway went away (a cancelled stream): nothing to pass on
+                return response
             if request.path == "/metrics" and self.mode is Mode.OK:
                 self.frozen_metrics = b"".join(kept)
             await response.write_eof()

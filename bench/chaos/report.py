@@ -1,0 +1,169 @@
+"""The chaos run's invariants and its Markdown report (``docs/benchmarks/chaos.md``).
+
+Invariants, across all faults: 0 ledger differences; no limit admitted beyond its bound; no worker left
+unroutable; every failed request failed cleanly (``bench.chaos.measure``); and the load recovered after each
+fault."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bench.chaos.faults import NOTICE_S
+from bench.chaos.run import ChaosResult, FaultResult
+from bench.markdown import fmt, table
+from bench.soak.report import Check
+
+
+def checks(result: ChaosResult) -> list[Check]:
+    rs = result.results
+    diffs = {r.fault.name: r.ledger.differences for r in rs if r.ledger.differences}
+    over = [f"{r.fault.name} {a.limit}" for r in rs for a in r.admissions if not a.within_bound]
+    stuck = [f"{r.fault.name}: {u}" for r in rs for u in r.unroutable]
+    unclean = {r.fault.name: r.failures.unclean for r in rs if r.failures.unclean}
+    unrecovered = [r.fault.name for r in rs if r.recover_s is None]
+    return [
+        Check("faults run", bool(rs), f"{len(rs)} faults"),
+        Check("0 ledger differences", not diffs, str(diffs or "none")),
+        Check("no over-admission beyond the bound", not over, ", ".join(over) or "none"),
+        Check("no worker left unroutable", not stuck, "; ".join(stuck) or "none"),
+        Check("every failure clean", not unclean, str(unclean or "none")),
+        Check("the load recovered after every fault", not unrecovered, ", ".join(unrecovered) or "all"),
+    ]
+
+
+def _worst(r: FaultResult) -> str:
+    a = max(r.admissions, key=lambda a: a.over - a.bound)
+    return f"{a.limit} +{fmt(a.over)} (bound {fmt(a.bound)})" if a.over else "none"
+
+
+def _summary_row(r: FaultResult) -> list[object]:
+    f, led = r.failures, r.ledger
+    kinds = ", ".join(f"{k} {n}" for k, n in sorted(f.kinds.items())) or "—"
+    return [
+        r.fault.name,
+        f.requests,
+        f.ok,
+        f.intended,
+        f"{f.failed} ({kinds})",
+        f.unclean,
+        f.broken_by_kill,
+        f"{led.missing} / {led.duplicate} / {led.wrong_amount}",
+        _worst(r),
+        "not recovered" if r.recover_s is None else f"{r.recover_s:.1f}",
+        "; ".join(r.unroutable) or "none",
+    ]
+
+
+def _admission_rows(r: FaultResult) -> list[list[object]]:
+    return [
+        [
+            r.fault.name, a.limit, fmt(a.configured), fmt(a.admitted), fmt(a.over), f"≤ {fmt(a.bound)}",
+            "yes" if a.reached else "no", "met" if a.within_bound else "**not met**", a.detail,
+        ]
+        for a in r.admissions
+    ]  # fmt: skip
+
+
+def _ledger_rows(result: ChaosResult) -> list[list[object]]:
+    return [
+        [r.fault.name, r.ledger.answered, r.ledger.records, r.ledger.unanswered_billed,
+         "; ".join(r.ledger.examples) or "—"]
+        for r in result.results
+    ]  # fmt: skip
+
+
+def render(result: ChaosResult, *, command: str) -> str:
+    cfg = result.config
+    lb, la = result.load_before, result.load_after
+    summary_head = [
+        "fault", "requests", "ok", "intended", "failed (kinds)", "unclean", "broken by kill",
+        "ledger missing / duplicate / wrong", "over-admission (worst)", "recover s", "left unroutable",
+    ]  # fmt: skip
+    limit_head = ["fault", "limit", "configured", "admitted", "over", "bound", "reached", "status", "detail"]
+    lines = [
+        "# Chaos: the fault matrix under load",
+        "",
+        f"Regenerate with `{command}` (about {result.elapsed_s / 60:.1f} min here). Machine: {result.cpus} cores "
+        f"shared with other work; load average {lb[0]:.1f} / {lb[1]:.1f} / {lb[2]:.1f} (1 / 5 / 15 min) at the "
+        f"start, {la[0]:.1f} / {la[1]:.1f} / {la[2]:.1f} at the end.",
+        "",
+        "Real processes on loopback: a 3 + 3 Redis Cluster, four simulated workers (`gearshift sim serve`, "
+        f"speed-up {cfg.speedup:g}; `w3` behind a fault-injecting proxy), two `gearshift gateway` replicas (each "
+        "with its spool) and two `gearshift controller` processes. For each fault, "
+        f"{sum(g.clients for g in cfg.groups)} looping streaming clients run {cfg.before_s:g} s before it, while "
+        f"it lasts and {cfg.after_s:g} s after it is healed. Each fault has tenants of its own: one without limits, "
+        f"and one per limit (RPM {cfg.sizes.rpm}, TPM {cfg.sizes.tpm}, concurrency {cfg.sizes.max_concurrency}, "
+        f"and a budget sized from the warm-up's cost per request, {result.request_cost_usd:.2e} USD, to run out "
+        "during the fault).",
+        "",
+        "## Invariants",
+        "",
+        table(
+            ["check", "status", "detail"],
+            [[c.name, "met" if c.met else "**not met**", c.detail] for c in checks(result)],
+        ),
+        "",
+        "## Faults",
+        "",
+        table(
+            ["fault", "what", "held s", "notes"],
+            [[r.fault.name, r.fault.what, r.fault.during_s, "; ".join(r.notes) or "—"] for r in result.results],
+        ),
+        "",
+        "## Per fault",
+        "",
+        "Failed: requests that did not end normally, the intended ones aside (a limited tenant's 429, a stream the "
+        "client dropped on purpose). Clean: a non-200 with an OpenAI error body, or a stream that ended with an "
+        "error event and `[DONE]`. Broken by kill: requests to the SIGKILLed replica that were in flight at the "
+        f"kill or sent in the {NOTICE_S:g} s before the clients stopped picking it (a dead process answers "
+        "nothing; the spool and the ledger still have to be right). Ledger: each answered request must be billed "
+        "once with the tokens its usage block gave; a record marked ok for a request whose client saw a failure "
+        "counts as wrong. Recover: seconds from the fault's end to the first request after which every request "
+        "succeeded. Left unroutable: a worker some gateway would still not route to "
+        f"{cfg.routable_wait_s:g} s after the load stopped.",
+        "",
+        table(summary_head, [_summary_row(r) for r in result.results]),
+        "",
+        "## Limits",
+        "",
+        "Admitted: RPM and TPM, the most billed in any 60 s by admission time (each fault's tenants live less than "
+        "60 s of load, so this is the fault's whole window); concurrency, the most requests whose "
+        "[admitted, finish] overlap in the ledger; budget, the spend counter (USD). Bounds "
+        "([outages](../operations/outages.md)): RPM 1 % (the window's 100 buckets); TPM, the clients in flight "
+        "× the real prompt's excess over the gateway's estimate; concurrency 0; budget, the requests in flight "
+        "when it ran out, each at most the largest request's cost. Where the store was lost (a master killed, "
+        "the store paused) the outage bound adds one limit `L` for RPM, TPM and concurrency (the replicas' "
+        "shares `N × s × L` on top of what the store had counted) and doubles the in-flight budget term (both "
+        "replicas' requests in flight plus one refresh of spend). Reached: the tenant was refused at least once.",
+        "",
+        table(limit_head, [row for r in result.results for row in _admission_rows(r)]),
+        "",
+        "## Ledger",
+        "",
+        table(
+            ["fault", "answered", "records", "billed but not answered", "examples of differences"],
+            [
+                [
+                    r.fault.name,
+                    r.ledger.answered,
+                    r.ledger.records,
+                    r.ledger.unanswered_billed,
+                    "; ".join(r.ledger.examples) or "—",
+                ]
+                for r in result.results
+            ],
+        ),
+        "",
+        "## Not injected here",
+        "",
+        table(["fault", "why"], [list(row) for row in result.not_injected]),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def write(result: ChaosResult, out: Path, *, command: str) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "chaos.md"
+    path.write_text(render(result, command=command))
+    return path
