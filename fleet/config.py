@@ -20,6 +20,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from fleet.budget_period import BudgetPeriod
 from fleet.metric_labels import TenantLabeler, TenantLabelMode
 
 
@@ -213,6 +214,9 @@ class TenantConfig(_Strict):
     tpm: Annotated[int, Field(gt=0)] | None = None
     max_concurrency: Annotated[int, Field(gt=0)] | None = None
     budget_usd: Annotated[float, Field(ge=0)] | None = None
+    budget_period: BudgetPeriod = "total"
+    """What ``budget_usd`` is per: ``total`` (all time, reset only by the admin API), or ``daily``, ``weekly`` (from
+    Monday) or ``monthly``, calendar periods in UTC that reset at their first instant (``fleet.budget_period``)."""
     suspended: bool = False
     """A suspended tenant's keys still authenticate, and each of its requests is refused (403 ``tenant_suspended``)."""
     keys: tuple[ApiKeyConfig, ...] = ()

@@ -269,19 +269,25 @@ APPEND_USAGE = (
     + """
 -- Appends one tenant's records, in order, in one round trip. KEYS: the tenant's ledger stream, index (sorted set
 -- at → record JSON), roll-ups (hash 'size:unit' → 'requests prompt completion usd') and request ids (hash id →
--- 1), then the tenant's spend counter. ARGV: '1' when the caller will WAIT for replicas (else ''), the number of
--- roll-up sizes, the sizes, then 7 per record: request id, at, record JSON, tenant, prompt, completion, cost_usd.
--- A request id already in the ledger is skipped (no double billing); each new record's cost is added to the spend
--- counter. Returns how many records were new.
+-- 1), then the spend counters the batch bills (fleet.budget_period: the lifetime one, then one per budget period and
+-- record period). ARGV: '1' when the caller will WAIT for replicas (else ''), the number of roll-up sizes, the
+-- sizes, then per spend counter its time to live in ms ('' for none), then 8 per record: request id,
+-- at, record JSON, tenant, prompt, completion, cost_usd, and the KEYS indices of its spend counters (space
+-- separated). A request id already in the ledger is skipped (no double billing); each new record's cost is added
+-- to each of its spend counters. Returns how many records were new.
 local nsizes = tonumber(ARGV[2])
 local sizes = {}
 for i = 1, nsizes do sizes[i] = tonumber(ARGV[2 + i]) end
-local first = 3 + nsizes
-local appended, spent = 0, 0.0
-for arg = first, #ARGV, 7 do
+local ttl_at = 3 + nsizes - 5 -- ARGV[ttl_at + i] is KEYS[i]'s time to live, for i >= 5
+local first = 3 + nsizes + #KEYS - 4
+local appended, spent = 0, {}
+for arg = first, #ARGV, 8 do
   if redis.call('HSETNX', KEYS[4], ARGV[arg], '1') == 1 then
     appended = appended + 1
-    spent = spent + tonumber(ARGV[arg + 6])
+    for index in string.gmatch(ARGV[arg + 7], '%d+') do
+      local i = tonumber(index)
+      spent[i] = (spent[i] or 0.0) + tonumber(ARGV[arg + 6])
+    end
     redis.call('ZADD', KEYS[2], ARGV[arg + 1], ARGV[arg + 2])
     redis.call('XADD', KEYS[1], '*', 'tenant', ARGV[arg + 3], 'record', ARGV[arg + 2])
     local at = tonumber(ARGV[arg + 1])
@@ -299,8 +305,11 @@ for arg = first, #ARGV, 7 do
     end
   end
 end
-if spent > 0 then
-  redis.call('SET', KEYS[5], fmt(tonumber(redis.call('GET', KEYS[5]) or '0') + spent))
+for i = 5, #KEYS do
+  if (spent[i] or 0.0) > 0 then
+    redis.call('SET', KEYS[i], fmt(tonumber(redis.call('GET', KEYS[i]) or '0') + spent[i]))
+    if ARGV[ttl_at + i] ~= '' then redis.call('PEXPIRE', KEYS[i], ARGV[ttl_at + i]) end
+  end
 end
 if appended == 0 and ARGV[1] == '1' and first <= #ARGV then
   -- a replay whose records are all here already writes nothing, and WAIT counts only this connection's writes:

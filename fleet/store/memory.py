@@ -10,12 +10,14 @@ the event loop, which is what makes ``admit`` all-or-nothing here.
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Sequence
 from itertools import islice
 
+from fleet.budget_period import billed_counters
 from fleet.clock import Clock, SystemClock
 from fleet.store import window as win
-from fleet.store.keys import log_collection, scope_of, single_scope, spend_key
+from fleet.store.keys import log_collection, scope_of, single_scope
 from fleet.store.ledger import TenantLedger
 from fleet.store.protocol import (
     LOG_MAX_ENTRIES,
@@ -42,6 +44,9 @@ class MemoryStore:
         self._windows: dict[str, dict[int, int]] = {}
         self._slots: dict[str, dict[str, float]] = {}
         self._spend: dict[str, float] = {}
+        self._spend_expiry: dict[str, float] = {}
+        """Period spend counter → when (Unix s) it may be dropped (``fleet.budget_period``)."""
+        self._next_spend_expiry = math.inf
         self._settled: dict[str, dict[str, float]] = {}
         """Scope → settle id → when it was applied (Unix s), for ``settle``'s dedupe."""
         self._workers: dict[str, tuple[str, float]] = {}
@@ -199,7 +204,20 @@ class MemoryStore:
     # usage ledger --------------------------------------------------------------------------------------
     async def append_usage(self, record: UsageRecord) -> None:
         if self._tenants.setdefault(record.tenant, TenantLedger()).append(record) and record.cost_usd > 0:
-            self.add_spend(spend_key(record.tenant), record.cost_usd)
+            for counter in billed_counters(record.tenant, record.at):
+                self.add_spend(counter.key, record.cost_usd)
+                if counter.expire_at is not None and counter.key not in self._spend_expiry:
+                    self._spend_expiry[counter.key] = counter.expire_at
+                    self._next_spend_expiry = min(self._next_spend_expiry, counter.expire_at)
+            if record.at >= self._next_spend_expiry:
+                self._drop_expired_spend(record.at)
+
+    def _drop_expired_spend(self, now: float) -> None:
+        """Forget the period counters past their expiry at ``now`` (Unix s): Redis expires them itself."""
+        for key in [k for k, until in self._spend_expiry.items() if until <= now]:
+            del self._spend_expiry[key]
+            self._spend.pop(key, None)
+        self._next_spend_expiry = min(self._spend_expiry.values(), default=math.inf)
 
     async def append_usage_many(self, records: Sequence[UsageRecord]) -> None:
         for record in records:

@@ -41,6 +41,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, RedisClusterException, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from fleet.budget_period import billed_counters
 from fleet.store import lua
 from fleet.store import window as win
 from fleet.store.cancel import cancellation_safe, cancelling_now, checks_own_cancellation, raise_if_cancelled_since
@@ -52,7 +53,6 @@ from fleet.store.keys import (
     scope_of,
     settled_key,
     single_scope,
-    spend_key,
 )
 from fleet.store.ledger import ROLLUP_SIZES_S
 from fleet.store.memory import key_record, record_order, sort_keys
@@ -474,11 +474,21 @@ class RedisStore:
 
     async def _append_tenant(self, tenant: str, records: Sequence[UsageRecord]) -> None:
         keys = [self._keys.ledger(tenant, part) for part in ("stream", "index", "rollup", "ids")]
-        keys.append(self._keys.limit(spend_key(tenant)))
-        args = ["1" if self._wait_replicas else "", *self._rollup_args]
+        # spend counter name -> its KEYS index (1-based, as text): each record bills the lifetime counter and the
+        # counters of the periods holding its ``at`` (fleet.budget_period)
+        counters: dict[str, str] = {}
+        ttls: list[str] = []  # ms, relative to the record's ``at``: Redis's clock need not be the caller's
+        rows: list[str] = []
         for r in records:
-            args += [r.request_id, _num(r.at), r.model_dump_json(), r.tenant]
-            args += [str(r.prompt_tokens), str(r.completion_tokens), _num(r.cost_usd)]
+            for counter in billed_counters(tenant, r.at):
+                if counter.key not in counters:
+                    keys.append(self._keys.limit(counter.key))
+                    counters[counter.key] = str(len(keys))
+                    ttls.append("" if counter.expire_at is None else str(math.ceil((counter.expire_at - r.at) * 1000)))
+            rows += [r.request_id, _num(r.at), r.model_dump_json(), r.tenant]
+            rows += [str(r.prompt_tokens), str(r.completion_tokens), _num(r.cost_usd)]
+            rows.append(" ".join(counters[c.key] for c in billed_counters(tenant, r.at)))
+        args = ["1" if self._wait_replicas else "", *self._rollup_args, *ttls, *rows]
         if not self._wait_replicas:
             await self._append(keys=keys, args=args)
             return

@@ -13,8 +13,8 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Body, Query
 from pydantic import BaseModel, ValidationError
 
+from fleet.budget_period import BudgetPeriod, budget_key, period_span
 from fleet.config import ConfigError, SpeculationMode, TenantConfig, parse_model
-from fleet.store.keys import spend_key
 from gateway.errors import Conflict, InvalidRequest, NotFound
 from gateway.http.deps import AdminDep, GatewayDep
 from gateway.http.openapi import ERROR_RESPONSES, ErrorBody
@@ -51,6 +51,8 @@ class TenantView(BaseModel):
     max_concurrency: int | None
     budget_usd: float | None
     """USD; the spend it is checked against is ``spent_usd`` of ``GET /admin/v1/tenants/{id}``."""
+    budget_period: BudgetPeriod = "total"
+    """What ``budget_usd`` is per: ``total`` (all time) or a UTC calendar ``daily``, ``weekly``, ``monthly`` period."""
     suspended: bool
     workload: str | None
     speculation_header: list[SpeculationMode] = []
@@ -68,7 +70,12 @@ class TenantView(BaseModel):
     changed_by: str | None
     """The admin key id that made it."""
     spent_usd: float = 0.0
-    """USD spent against ``budget_usd`` (the tenant's spend counter, which ``budget/reset`` zeroes)."""
+    """USD spent against ``budget_usd`` in the current budget period (its spend counter, which ``budget/reset``
+    zeroes)."""
+    period_started_at: float | None = None
+    """Unix seconds when the current budget period began (None for ``total``)."""
+    next_reset_at: float | None = None
+    """Unix seconds when the budget next resets by itself: the next period's first instant (None for ``total``)."""
 
 
 class TenantList(BaseModel):
@@ -85,7 +92,10 @@ class BudgetReset(BaseModel):
     id: str
     budget_usd: float | None
     spent_before_usd: float
-    """The spend the reset took off the tenant's counter, USD."""
+    """The spend the reset took off the tenant's counter (the current period's), USD."""
+    budget_period: BudgetPeriod = "total"
+    next_reset_at: float | None = None
+    """Unix seconds of the period's own reset (None for ``total``)."""
 
 
 class AuditList(BaseModel):
@@ -96,6 +106,8 @@ class AuditList(BaseModel):
 async def _view(gw: Gateway, tenant: TenantConfig) -> TenantView:
     prov = gw.tenant_book.provenance(tenant.id)
     change = prov.change if prov is not None else None
+    now = gw.clock.wall()
+    span = period_span(tenant.budget_period, now)
     return TenantView(
         **tenant.model_dump(include=_SETTABLE | {"id"}),
         key_ids=[k.id for k in tenant.keys],
@@ -104,7 +116,9 @@ async def _view(gw: Gateway, tenant: TenantConfig) -> TenantView:
         superseded=prov is not None and prov.superseded,
         changed_at=change.changed_at if change else None,
         changed_by=change.changed_by if change else None,
-        spent_usd=await gw.store.spent(spend_key(tenant.id)),
+        spent_usd=await gw.store.spent(budget_key(tenant.id, tenant.budget_period, now)),
+        period_started_at=span.start if span.resets else None,
+        next_reset_at=span.end if span.resets else None,
     )
 
 
@@ -186,16 +200,23 @@ async def delete_tenant(tenant_id: str, who: AdminDep, gw: GatewayDep) -> Delete
 
 @router.post("/tenants/{tenant_id}/budget/reset")
 async def reset_budget(tenant_id: str, who: AdminDep, gw: GatewayDep) -> BudgetReset:
-    """Start the tenant's budget afresh: its spend counter goes back to zero (spend still being settled counts
-    after the reset). The usage ledger keeps every record."""
+    """Start the tenant's budget afresh: its spend counter (the current period's) goes back to zero (spend still
+    being settled counts after the reset). The usage ledger keeps every record."""
     tenant = _existing(gw, tenant_id)
-    key = spend_key(tenant_id)
     now = gw.clock.wall()
+    key = budget_key(tenant.id, tenant.budget_period, now)
     spent = await gw.store.spent(key)
     if spent:
         await gw.store.settle(windows=(), slots=(), spend={key: -spent}, now=now)
     await audit.record(gw.store, who=who, action="tenant.budget_reset", target=tenant_id, now=now, spent_usd=spent)
-    return BudgetReset(id=tenant_id, budget_usd=tenant.budget_usd, spent_before_usd=spent)
+    span = period_span(tenant.budget_period, now)
+    return BudgetReset(
+        id=tenant_id,
+        budget_usd=tenant.budget_usd,
+        spent_before_usd=spent,
+        budget_period=tenant.budget_period,
+        next_reset_at=span.end if span.resets else None,
+    )
 
 
 @router.get("/audit")

@@ -3,7 +3,9 @@ reconciled in one ``Store.settle`` after the response (batched with others, ``St
 
 Keys (the store adds its own prefix): ``rpm:<tenant>`` and ``tpm:<tenant>`` (rolling 60 s windows, requests
 and tokens), ``concurrency:<tenant>`` (slots, one per in-flight request), ``spend:<tenant>`` (USD, all time, added by
-the ledger with each usage record, so spend is billed exactly once, with the record).
+the ledger with each usage record, so spend is billed exactly once, with the record) or, for a tenant whose budget
+has a period, the counter of the period holding the admission's ``now`` (``fleet.budget_period``: a new period is a
+new counter, so neither the store's spend nor a lease's view of it crosses a reset).
 The TPM window reserves the estimated tokens (prompt estimate + completion allowance) up front; ``settle``
 corrects it by ``real − estimated`` so the window holds what was actually used.
 
@@ -22,9 +24,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
+from fleet.budget_period import billed_counters, budget_key, counter_series, is_spend_key, period_span
 from fleet.clock import Clock
 from fleet.config import TenantConfig
-from fleet.store.keys import spend_key
+from fleet.store.keys import scope_of, spend_key
 from fleet.store.memory import MemoryStore
 from fleet.store.protocol import Admission, BudgetLimit, Limit, Settlement, SlotLimit, Store, UsageRecord, WindowLimit
 from gateway.errors import BudgetExceeded, RateLimited, StoreUnavailable
@@ -45,6 +48,7 @@ class Ticket:
     tpm: WindowLimit | None
     slot: SlotLimit | None
     budget_key: str | None
+    """The spend counter the request's budget was checked against (its period's, ``fleet.budget_period``)."""
     admitted_at: float = 0.0
     """Unix seconds of the admit call (the store needs it to refund the right part of a window)."""
     granted_at: float | None = None
@@ -58,10 +62,11 @@ class Ticket:
 
 
 def tenant_limits(
-    tenant: TenantConfig, *, request_id: str, tokens: int, slot_ttl_s: float = 600.0
+    tenant: TenantConfig, *, request_id: str, tokens: int, slot_ttl_s: float = 600.0, now: float = 0.0
 ) -> tuple[list[Limit], Ticket]:
     """The limits of one request by ``tenant`` reserving ``tokens`` (estimated) against its TPM; its concurrency slot
-    expires after ``slot_ttl_s`` unless released (``GatewaySettings.slot_ttl_s``)."""
+    expires after ``slot_ttl_s`` unless released (``GatewaySettings.slot_ttl_s``); its budget is checked against the
+    spend counter of the budget period holding ``now`` (Unix s)."""
     limits: list[Limit] = []
     if tenant.rpm is not None:
         limits.append(WindowLimit(key=f"rpm:{tenant.id}", cost=1, limit=tenant.rpm))
@@ -74,7 +79,7 @@ def tenant_limits(
             key=f"concurrency:{tenant.id}", slot_id=request_id, limit=tenant.max_concurrency, ttl_s=slot_ttl_s
         )
         limits.append(slot)
-    budget_key = spend_key(tenant.id)
+    budget_key = spend_key(tenant.id) if tenant.budget_usd is None else budget_key_of(tenant, now)
     if tenant.budget_usd is not None:
         limits.append(BudgetLimit(key=budget_key, limit_usd=tenant.budget_usd))
     ticket = Ticket(
@@ -83,12 +88,24 @@ def tenant_limits(
     return limits, ticket
 
 
+def budget_key_of(tenant: TenantConfig, now: float) -> str:
+    """The spend counter ``tenant``'s budget is checked against at ``now`` (Unix s)."""
+    return budget_key(tenant.id, tenant.budget_period, now)
+
+
 _REASON_OF_PREFIX = {"rpm": "rpm", "tpm": "tpm", "concurrency": "concurrency", "spend": "budget"}
 
 
 def reason_of(key: str) -> str:
-    """The rejection reason of a tripped limit key (``rpm:acme`` → ``rpm``, ``spend:acme`` → ``budget``)."""
-    return _REASON_OF_PREFIX.get(key.split(":", 1)[0], "rpm")
+    """The rejection reason of a tripped limit key (``rpm:acme`` → ``rpm``, ``spend:acme`` or a period's
+    ``spend.daily.20261202:acme`` → ``budget``)."""
+    return "budget" if is_spend_key(key) else _REASON_OF_PREFIX.get(key.split(":", 1)[0], "rpm")
+
+
+def _unbilled_key(limit_key: str) -> str:
+    """Where a replica counts a tenant's finished, not yet billed spend: one account per tenant whatever the period
+    (after a reset, spend finished in the old period still counts until it lands: conservative, never over)."""
+    return spend_key(scope_of(limit_key))
 
 
 def _scaled(limit: Limit, share: float) -> Limit:
@@ -145,6 +162,8 @@ class Admitter:
         """Spend key → USD of finished requests whose usage record is not in the store yet."""
         self._known_spend: dict[str, float] = {}
         """Spend key → the spend counter (USD) the store last reported for it: the budget's base in an outage."""
+        self._latest_period: dict[str, str] = {}
+        """Counter series (``fleet.budget_period.counter_series``) → its latest period's key in ``_known_spend``."""
 
     @classmethod
     def from_settings(
@@ -166,10 +185,13 @@ class Admitter:
 
     async def admit(self, tenant: TenantConfig, *, request_id: str, tokens: int) -> Ticket:
         """Reserve every limit of ``tenant`` or raise ``RateLimited`` / ``BudgetExceeded`` naming the limit."""
-        limits, ticket = tenant_limits(tenant, request_id=request_id, tokens=tokens, slot_ttl_s=self._slot_ttl_s)
+        now = self._clock.wall()
+        limits, ticket = tenant_limits(
+            tenant, request_id=request_id, tokens=tokens, slot_ttl_s=self._slot_ttl_s, now=now
+        )
         if not limits:
             return ticket
-        ticket.admitted_at = self._clock.wall()
+        ticket.admitted_at = now
         limits, drawn = self._draw_leases(limits, ticket)
         if not limits:  # every limit passed here, under a lease
             ticket.granted_at = ticket.admitted_at
@@ -188,10 +210,12 @@ class Admitter:
         self._undraw(drawn, ticket)
         reason = reason_of(result.tripped or "")
         if reason == "budget":
+            span = period_span(tenant.budget_period, ticket.admitted_at)
+            per = f" {tenant.budget_period}" if span.resets else ""
             raise BudgetExceeded(
-                f"Tenant '{tenant.id}' has spent its budget of {tenant.budget_usd} USD.",
+                f"Tenant '{tenant.id}' has spent its{per} budget of {tenant.budget_usd} USD.",
                 limit=reason,
-                retry_after_s=result.retry_after_s or 3600.0,
+                retry_after_s=span.end - ticket.admitted_at if span.resets else (result.retry_after_s or 3600.0),
             )
         raise RateLimited(
             f"Tenant '{tenant.id}' exceeded its {reason} limit; retry after {result.retry_after_s:.1f} s.",
@@ -214,7 +238,7 @@ class Admitter:
                 if isinstance(limit, SlotLimit):
                     self._released(limit.key, limit.releasing)
             if result.spent_usd is not None and ticket.budget_key is not None:
-                self._known_spend[ticket.budget_key] = result.spent_usd
+                self._remember_spend(ticket.budget_key, result.spent_usd)
             return result
         ticket.local = True
         share = self._local_share()
@@ -227,9 +251,12 @@ class Admitter:
 
     def _local_budget(self, limit: BudgetLimit, share: float) -> BudgetLimit:
         """A budget during an outage: the last spend the store reported plus this replica's unbilled spend, against
-        that spend plus ``share`` of what was left (the local store's own counter stays 0). 503 when this replica
+        that spend plus ``share`` of what was left (the local store's own counter stays 0). A budget period that
+        began since the replica last heard the store starts at 0 (no record it saw is in it). 503 when this replica
         never saw the tenant's spend: it cannot know what is left."""
         known = self._known_spend.get(limit.key)
+        if known is None and counter_series(limit.key) in self._latest_period:
+            known = 0.0  # a period that began after this replica last heard the store: no record it saw is in it
         if known is None:
             raise StoreUnavailable(
                 "The shared store is away and this gateway has not seen the tenant's spend yet: the budget cannot be "
@@ -237,6 +264,15 @@ class Admitter:
             )
         left = max(0.0, limit.limit_usd - known)
         return replace(limit, limit_usd=known + share * left, pending_usd=known + limit.pending_usd)
+
+    def _remember_spend(self, key: str, spent_usd: float) -> None:
+        """The store reported ``spent_usd`` on the counter ``key``; an earlier period's counter is forgotten."""
+        series = counter_series(key)
+        earlier = self._latest_period.get(series)
+        if earlier is not None and earlier != key:
+            self._known_spend.pop(earlier, None)
+        self._latest_period[series] = key
+        self._known_spend[key] = spent_usd
 
     async def _ask_store(self, limits: list[Limit], *, now: float) -> Admission:
         result = await self._ask(limits, now=now)
@@ -260,7 +296,7 @@ class Admitter:
                 if ticket.tpm is not None and limit.key == ticket.tpm.key:
                     ticket.leased_tpm, ticket.tpm = ticket.tpm, None
             elif isinstance(limit, BudgetLimit) and leases.budget_covered(
-                replace(limit, pending_usd=self._unbilled.get(limit.key, 0.0))
+                replace(limit, pending_usd=self._unbilled.get(_unbilled_key(limit.key), 0.0))
             ):
                 pass
             else:
@@ -282,8 +318,8 @@ class Admitter:
     def _with_local_accounting(self, limit: Limit, *, release: bool) -> Limit:
         if release and isinstance(limit, SlotLimit) and self._releasing.get(limit.key):
             return replace(limit, releasing=tuple(self._releasing[limit.key]))
-        if isinstance(limit, BudgetLimit) and limit.key in self._unbilled:
-            return replace(limit, pending_usd=self._unbilled[limit.key])
+        if isinstance(limit, BudgetLimit) and _unbilled_key(limit.key) in self._unbilled:
+            return replace(limit, pending_usd=self._unbilled[_unbilled_key(limit.key)])
         return limit
 
     async def finish(self, ticket: Ticket, *, used_tokens: int, cost_usd: float) -> Settlement | None:
@@ -295,7 +331,8 @@ class Admitter:
             return None
         ticket.settled = True
         if ticket.budget_key and cost_usd > 0:
-            self._unbilled[ticket.budget_key] = self._unbilled.get(ticket.budget_key, 0.0) + cost_usd
+            key = _unbilled_key(ticket.budget_key)
+            self._unbilled[key] = self._unbilled.get(key, 0.0) + cost_usd
         windows: tuple[WindowLimit, ...] = ()
         if ticket.leased_tpm is not None and self.leases is not None:
             self.leases.adjust(ticket.leased_tpm.key, ticket.reserved_tokens - used_tokens)
@@ -330,8 +367,9 @@ class Admitter:
         """The store's ledger has ``records`` (and their spend): stop counting their cost locally."""
         for r in records:
             key = spend_key(r.tenant)
-            if self.leases is not None:  # the store's counter now holds it: so does the lease's view of it
-                self.leases.landed_spend(key, r.cost_usd)
+            if self.leases is not None:  # the store's counters now hold it: so do the lease's views of them
+                for counter in billed_counters(r.tenant, r.at):
+                    self.leases.landed_spend(counter.key, r.cost_usd)
             left = self._unbilled.get(key, 0.0) - r.cost_usd
             if left > 1e-12:
                 self._unbilled[key] = left
