@@ -97,8 +97,8 @@ def fleet_document(urls: Sequence[str]) -> dict[str, object]:
 
 SKEW_LAUNCH = (
     "import sys, time\n"
-    "_real = time.time\n"
-    "time.time = lambda: _real() + float(sys.argv[1])\n"
+    "_real, _skew = time.time, float(sys.argv[1])\n"
+    "time.time = lambda: _real() + _skew\n"
     "sys.argv = ['gearshift', 'gateway']\n"
     "from gearshift.cli.app import main\n"
     "main()\n"
