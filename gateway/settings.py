@@ -64,6 +64,14 @@ class GatewaySettings(CommonSettings):
     concurrency_grace_s: Annotated[float, Field(ge=0)] = 0.05
     """A concurrency refusal is retried once after this long: the slot may belong to the client's own request,
     finished on another replica, whose settlement is still on its way to the store (``gateway.intake.admission``)."""
+    ledger_linger_s: Annotated[float, Field(ge=0, le=1)] = 0.02
+    """A usage record waits up to this long for others to share its ledger write (``gateway.usage.metering``): a
+    sequential client's records then cost one store command per this interval, not one each; the budget counts them
+    locally meanwhile. 0 writes each at once (when no write is under way)."""
+    settle_linger_s: Annotated[float, Field(ge=0, le=1)] = 0.01
+    """A settlement (slot release, TPM correction) waits this long before it is written, so that the tenant's next
+    admits carry its slot release instead (``gateway.intake.admission``); keep it well under
+    ``concurrency_grace_s``, the time another replica allows a release to land."""
     spool_max_bytes: Annotated[int, Field(gt=0)] = 256 * 1024 * 1024
     """Bound of the spool; when full, records wait in memory, ``gearshift_gateway_spool_full`` is 1 and an error
     is logged."""

@@ -128,7 +128,12 @@ class Admitter:
     The settlement itself goes to the store after the response (``gateway.usage.metering.LedgerWriter``). Another
     replica sees the slot held until that settlement lands; a concurrency refusal is therefore retried once after
     ``concurrency_grace_s``, so across replicas a client is refused for its own finished request only when the
-    settlement took longer than the grace to land after the response ended."""
+    settlement took longer than the grace to land after the response ended.
+
+    **Releases ride on admits.** Each finished slot is carried, once, by the tenant's next admit that asks the store
+    (``SlotLimit.releasing``: freed before the check, refused or not), so a busy tenant's slot releases cost no
+    command of their own; the settlement writer, which waits ``settle_linger_s`` before it writes, drops the slots
+    that have landed that way by then (``unsettled``) and writes only what is left."""
 
     def __init__(
         self,
@@ -158,6 +163,8 @@ class Admitter:
         self._local = MemoryStore(clock=clock)
         self._releasing: dict[str, set[str]] = {}
         """Concurrency key → slot ids of finished requests whose settlement has not reached the store yet."""
+        self._uncarried: dict[str, dict[str, None]] = {}
+        """Concurrency key → the finished slot ids of ``_releasing`` that no admit has carried to the store yet."""
         self._unbilled: dict[str, float] = {}
         """Spend key → USD of finished requests whose usage record is not in the store yet."""
         self._known_spend: dict[str, float] = {}
@@ -224,8 +231,8 @@ class Admitter:
         )
 
     async def _admit(self, limits: list[Limit], ticket: Ticket, *, release: bool) -> Admission:
-        """One admit call; with ``release``, it also frees the slots of this replica's finished requests whose
-        settlements have not landed (only after a concurrency refusal: on the common path they cost nothing)."""
+        """One admit call. It carries the finished slots no admit has carried yet; with ``release`` (after a
+        concurrency refusal), every slot of this replica's finished requests whose release has not landed."""
         limits = [self._with_local_accounting(limit, release=release) for limit in limits]
         try:
             result = await self._ask_store(limits, now=ticket.admitted_at)
@@ -316,8 +323,11 @@ class Admitter:
             await self.leases.close()
 
     def _with_local_accounting(self, limit: Limit, *, release: bool) -> Limit:
-        if release and isinstance(limit, SlotLimit) and self._releasing.get(limit.key):
-            return replace(limit, releasing=tuple(self._releasing[limit.key]))
+        if isinstance(limit, SlotLimit):
+            if release and self._releasing.get(limit.key):  # every finished slot not known freed
+                return replace(limit, releasing=tuple(self._releasing[limit.key]))
+            carried = self._uncarried.pop(limit.key, None)  # each finished slot rides on one admit
+            return replace(limit, releasing=tuple(carried)) if carried else limit
         if isinstance(limit, BudgetLimit) and _unbilled_key(limit.key) in self._unbilled:
             return replace(limit, pending_usd=self._unbilled[_unbilled_key(limit.key)])
         return limit
@@ -348,7 +358,30 @@ class Admitter:
             return None
         if ticket.slot is not None:
             self._releasing.setdefault(ticket.slot.key, set()).add(ticket.slot.slot_id)
+            self._uncarried.setdefault(ticket.slot.key, {})[ticket.slot.slot_id] = None
         return settlement
+
+    def unsettled(self, settlements: Sequence[Settlement]) -> list[Settlement]:
+        """What of ``settlements`` the store still needs, just before they are written: the slots an admit has freed
+        meanwhile dropped (an admit that failed left its slots in ``_releasing``: they are written here), and the
+        settlements left with nothing dropped. The slots kept are written here, so no admit carries them too."""
+        needed = []
+        for s in settlements:
+            slots = tuple(slot for slot in s.slots if slot.slot_id in self._releasing.get(slot.key, ()))
+            for slot in slots:
+                self._not_carried(slot.key, slot.slot_id)
+            if len(slots) != len(s.slots):
+                s = replace(s, slots=slots)
+            if s.windows or s.slots or s.spend:
+                needed.append(s)
+        return needed
+
+    def _not_carried(self, key: str, slot_id: str) -> None:
+        carried = self._uncarried.get(key)
+        if carried is not None:
+            carried.pop(slot_id, None)
+            if not carried:
+                del self._uncarried[key]
 
     def settle_landed(self, settlements: Sequence[Settlement]) -> None:
         """The store has applied ``settlements``: their slots need no local accounting any more."""

@@ -133,7 +133,14 @@ class _Lane(Generic[T]):
     """One kind of write (usage records, or settlements) on its way to the store: queued, written in batches of up
     to ``MAX_BATCH`` by ``write``, and, while the store is away, durably spooled (``spool``) and replayed in order by
     ``replay``; without a spool (or when it is full) a failed batch is retried in memory. ``landed`` hears every
-    batch the store has taken."""
+    batch the store has taken.
+
+    A batch waits ``linger_s`` after its first entry before it is written, so that entries arriving one at a time
+    (a sequential client) share a write: at most one write per ``linger_s`` while entries keep coming, none while
+    they do not. An ``urgent`` entry (a settlement that corrects a window: the client's next request may need the
+    room) is written without waiting and cuts a linger short. ``prepare`` turns the batch into what is written at
+    that moment (the settlements drop the slots that admits have freed meanwhile, ``Admitter.unsettled``); an empty
+    result writes nothing."""
 
     def __init__(
         self,
@@ -143,8 +150,17 @@ class _Lane(Generic[T]):
         write: Callable[[list[T]], Awaitable[None]],
         spool: JsonlSpool[T] | None,
         landed: Callable[[Sequence[T]], None],
+        linger_s: float = 0.0,
+        prepare: Callable[[list[T]], list[T]] | None = None,
+        urgent: Callable[[T], bool] | None = None,
     ) -> None:
         self.name, self._w, self._write, self.spool, self._landed = name, writer, write, spool, landed
+        self._linger_s = linger_s
+        self._prepare = prepare
+        self._urgent = urgent
+        self._urgent_queued = 0
+        self._wake = asyncio.Event()
+        """Set when an urgent entry is queued: ends a linger."""
         self.queue: asyncio.Queue[T] = asyncio.Queue()
         self.writing: list[T] = []
         """The batch being written now (``close`` spools it if the writer is stopped mid-write)."""
@@ -164,15 +180,43 @@ class _Lane(Generic[T]):
 
     async def _run(self) -> None:
         while True:
-            batch = [await self.queue.get()]
+            batch = self.writing = [self._took(await self.queue.get())]  # ``close`` spools it if stopped meanwhile
+            if self._linger_s > 0 and not self._urgent_queued and not self._is_urgent(batch[0]):
+                await self._linger()
             while len(batch) < MAX_BATCH and not self.queue.empty():
-                batch.append(self.queue.get_nowait())
-            self.writing = batch
-            await self._put(batch)
+                batch.append(self._took(self.queue.get_nowait()))
+            todo = batch if self._prepare is None else self._prepare(batch)
+            if todo:
+                await self._put(todo)
             self.writing = []
             for _ in batch:
                 self.queue.task_done()
             self._w.backlog()
+
+    def put(self, entry: T) -> None:
+        self.queue.put_nowait(entry)
+        if self._is_urgent(entry):
+            self._urgent_queued += 1
+            self._wake.set()
+
+    def _is_urgent(self, entry: T) -> bool:
+        return self._urgent is not None and self._urgent(entry)
+
+    def _took(self, entry: T) -> T:
+        if self._is_urgent(entry):
+            self._urgent_queued -= 1
+        return entry
+
+    async def _linger(self) -> None:
+        """``linger_s`` on the clock, or less when an urgent entry comes meanwhile."""
+        self._wake.clear()
+        sleeping = asyncio.ensure_future(self._w.clock.sleep(self._linger_s))
+        woken = asyncio.ensure_future(self._wake.wait())
+        try:
+            await asyncio.wait((sleeping, woken), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            sleeping.cancel()
+            woken.cancel()
 
     async def _put(self, batch: list[T]) -> None:
         spool = self.spool
@@ -246,10 +290,17 @@ def _ignore(_: Sequence[object]) -> None:
     return None
 
 
+def _corrects_a_window(settlement: Settlement) -> bool:
+    """A settlement the client's next request may need landed at once: a window correction (TPM refund)."""
+    return bool(settlement.windows)
+
+
 class LedgerWriter:
     """Writes usage records to the ledger and settlements (TPM corrections, slot releases) to the limits, in the
     background, so no response waits on the store. Entries queued back to back go together: one
-    ``append_usage_many`` round trip per tenant, one pipelined ``settle_many``.
+    ``append_usage_many`` round trip per tenant, one pipelined ``settle_many``; each lane lingers (``ledger_linger_s``,
+    ``settle_linger_s``) so that entries arriving one at a time go together too, and the settlements drop the slot
+    releases that the tenant's next admits have carried meanwhile (``unsettled``: ``Admitter.unsettled``).
 
     With spools (``spool`` for records, ``settle_spool`` for settlements), what the store cannot take is appended
     to them (durable on disk) and replayed in order, once each, by a replay task when the store is back; a new
@@ -269,6 +320,9 @@ class LedgerWriter:
         retry_s: float = 0.5,
         usage_landed: Callable[[Sequence[UsageRecord]], None] = _ignore,
         settle_landed: Callable[[Sequence[Settlement]], None] = _ignore,
+        ledger_linger_s: float = 0.0,
+        settle_linger_s: float = 0.0,
+        unsettled: Callable[[list[Settlement]], list[Settlement]] | None = None,
     ) -> None:
         self.clock = clock
         self.retry_s = retry_s
@@ -278,11 +332,12 @@ class LedgerWriter:
             await store.settle_many(batch, now=clock.wall())
 
         self._records: _Lane[UsageRecord] = _Lane(
-            "ledger", self, write=store.append_usage_many, spool=spool, landed=usage_landed
+            "ledger", self, write=store.append_usage_many, spool=spool, landed=usage_landed, linger_s=ledger_linger_s
         )
         self._settles: _Lane[Settlement] = _Lane(
-            "settle", self, write=settle_many, spool=settle_spool, landed=settle_landed
-        )
+            "settle", self, write=settle_many, spool=settle_spool, landed=settle_landed, linger_s=settle_linger_s,
+            prepare=unsettled, urgent=_corrects_a_window,
+        )  # fmt: skip
         self._tasks: list[asyncio.Task[None]] = []
 
     @classmethod
@@ -296,24 +351,26 @@ class LedgerWriter:
             spool=Spool(spool_dir, max_bytes=limit) if spool_dir else None,
             settle_spool=SettlementSpool(spool_dir, max_bytes=limit) if spool_dir else None,
             usage_landed=admitter.usage_landed, settle_landed=admitter.settle_landed,
+            ledger_linger_s=settings.ledger_linger_s, settle_linger_s=settings.settle_linger_s,
+            unsettled=admitter.unsettled,
         )  # fmt: skip
 
     def start(self) -> None:
         self._tasks = self._records.tasks() + self._settles.tasks()
 
     def append(self, record: UsageRecord) -> None:
-        self._records.queue.put_nowait(record)
+        self._records.put(record)
         self.backlog()
 
     def settle(self, settlement: Settlement) -> None:
-        self._settles.queue.put_nowait(settlement)
+        self._settles.put(settlement)
         self.backlog()
 
     def write(self, record: UsageRecord, settlement: Settlement | None) -> None:
         """A finished call's record, then the settlement of its admission (None: nothing left to settle)."""
-        self._records.queue.put_nowait(record)
+        self._records.put(record)
         if settlement is not None:
-            self._settles.queue.put_nowait(settlement)
+            self._settles.put(settlement)
         self.backlog()
 
     async def idle(self) -> None:

@@ -164,7 +164,8 @@ async def test_budget_exceeded(upstreams: StartUpstreams) -> None:
     async with serve_gateway(make_fleet([w.url]), make_tenants(alpha={"budget_usd": 1e-9})) as g, g.client() as c:
         assert (await c.post("/v1/chat/completions", json=CHAT)).status_code == 200
         r = await c.post("/v1/chat/completions", json=CHAT)
-        assert error_of(r, 429, "insufficient_quota")["code"] == "budget_exceeded"
+        assert error_of(r, 429, "insufficient_quota")["code"] == "budget_exceeded"  # its unbilled cost counted here
+        await g.gw.ledger.idle()  # the ledger writes after its linger (GatewaySettings.ledger_linger_s)
         assert await g.store.spent("spend:alpha") > 1e-9
         errors = _error_counts((await c.get("/metrics")).text)
     assert errors == {"insufficient_quota": 1.0}  # by the error's type, not as the 429's rate_limit_error
