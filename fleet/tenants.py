@@ -67,6 +67,10 @@ class TenantChange(BaseModel):
     """Unix seconds."""
     changed_by: str
     """The id of the admin key that made the change."""
+    version: int = 0
+    """1 for the tenant's first run-time change, one more for each later one (the admin API's ETag; a change written
+    before versions existed reads as 0). The store checks it when writing (``Store.put_doc_logged``), so of two
+    editors of the same version only the first succeeds."""
 
 
 class TierChange(BaseModel):

@@ -101,6 +101,20 @@ class Conflict(GatewayError):
     code = "already_exists"
 
 
+class VersionConflict(Conflict):
+    """A change was made against a version that is no longer the stored one (the ``version`` field of its body)."""
+
+    code = "version_conflict"
+
+
+class PreconditionFailed(GatewayError):
+    """``If-Match`` names a version that is no longer the stored one."""
+
+    status = 412
+    type = "invalid_request_error"
+    code = "precondition_failed"
+
+
 class NotFound(GatewayError):
     status = 404
     type = "not_found_error"

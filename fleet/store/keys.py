@@ -19,6 +19,7 @@ the same hash tag (``{…}``), so it lives in one slot (on a single Redis the ta
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from typing import Final
 
@@ -29,6 +30,29 @@ class StoreMisconfigured(RuntimeError):
 
 class ScopeMismatch(ValueError):
     """One store call named limits of more than one scope (they could live on different cluster nodes)."""
+
+
+class DocVersionConflict(RuntimeError):
+    """A document write expected another version than the stored one (``Store.put_doc_logged``); nothing was
+    written. ``found``: the stored document's ``version`` (0 when there is none)."""
+
+    def __init__(self, found: int, expected: int) -> None:
+        super().__init__(f"the document is at version {found}, the write expected {expected}")
+        self.found = found
+        self.expected = expected
+
+
+def doc_version(body: str | None) -> int:
+    """The top-level integer ``version`` of a stored JSON document; 0 for none, a document without one, or text that
+    is not a JSON object (the same rule as the Redis script's)."""
+    if body is None:
+        return 0
+    try:
+        found = json.loads(body)
+    except ValueError:
+        return 0
+    version = found.get("version") if isinstance(found, dict) else None
+    return version if isinstance(version, int) and not isinstance(version, bool) else 0
 
 
 LOG_SLOTS: Final[Mapping[str, str]] = {"admin-audit": "tenants"}

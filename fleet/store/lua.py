@@ -392,14 +392,26 @@ return n
 PUT_DOC_LOGGED = """
 -- A document change and its log entry, all or nothing (Store.put_doc_logged). KEYS: the document, the collection's
 -- id set, the log (a sorted set by time; all three in the collection's slot). ARGV: '1' to store ARGV[2] as the
--- document ('' deletes it), the body, the document id, the log member, its time, the log's cap. Every key's type is
--- checked before anything is written: a script stops at its first failing command and keeps what it wrote before.
+-- document ('' deletes it), the body, the document id, the log member, its time, the log's cap, and the version the
+-- stored document must have ('' for any: its top-level integer `version`, 0 without one). Returns {1, 0} when
+-- written, {0, found version} when the version differs (nothing written). Every key's type is checked before
+-- anything is written: a script stops at its first failing command and keeps what it wrote before.
 local want = {'string', 'set', 'zset'}
 for i = 1, 3 do
   local kind = redis.call('TYPE', KEYS[i]).ok
   if kind ~= 'none' and kind ~= want[i] then
     return redis.error_reply('WRONGTYPE ' .. KEYS[i] .. ' holds a ' .. kind .. ': nothing written')
   end
+end
+if ARGV[7] ~= '' then
+  local found, text = 0, redis.call('GET', KEYS[1])
+  if text then
+    local ok, doc = pcall(cjson.decode, text)
+    if ok and type(doc) == 'table' and type(doc.version) == 'number' and doc.version % 1 == 0 then
+      found = doc.version
+    end
+  end
+  if found ~= tonumber(ARGV[7]) then return {0, found} end
 end
 if ARGV[1] == '1' then
   redis.call('SET', KEYS[1], ARGV[2])
@@ -410,7 +422,7 @@ else
 end
 redis.call('ZADD', KEYS[3], ARGV[5], ARGV[4])
 redis.call('ZREMRANGEBYRANK', KEYS[3], 0, -(tonumber(ARGV[6]) + 1))
-return 1
+return {1, 0}
 """
 
 REVOKE_KEY = """

@@ -17,7 +17,7 @@ from itertools import islice
 from fleet.budget_period import billed_counters
 from fleet.clock import Clock, SystemClock
 from fleet.store import window as win
-from fleet.store.keys import log_collection, scope_of, single_scope
+from fleet.store.keys import DocVersionConflict, doc_version, log_collection, scope_of, single_scope
 from fleet.store.ledger import TenantLedger
 from fleet.store.protocol import (
     LOG_MAX_ENTRIES,
@@ -283,9 +283,21 @@ class MemoryStore:
         return existed
 
     async def put_doc_logged(
-        self, collection: str, doc_id: str, body: str | None, *, log: str, entry: str, now: float
+        self,
+        collection: str,
+        doc_id: str,
+        body: str | None,
+        *,
+        log: str,
+        entry: str,
+        now: float,
+        expect_version: int | None = None,
     ) -> None:
         log_collection(log, collection)  # checked before either write; nothing below awaits
+        if expect_version is not None:
+            found = doc_version(self._docs.get(collection, {}).get(doc_id, (None, 0.0))[0])
+            if found != expect_version:
+                raise DocVersionConflict(found, expect_version)
         if body is None:
             self._docs.get(collection, {}).pop(doc_id, None)
         else:

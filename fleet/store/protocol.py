@@ -313,12 +313,24 @@ class Store(Protocol):
         ...
 
     async def put_doc_logged(
-        self, collection: str, doc_id: str, body: str | None, *, log: str, entry: str, now: float
+        self,
+        collection: str,
+        doc_id: str,
+        body: str | None,
+        *,
+        log: str,
+        entry: str,
+        now: float,
+        expect_version: int | None = None,
     ) -> None:
         """All or nothing: store ``body`` as ``doc_id`` in ``collection`` (``put_doc``, no TTL; None deletes it) and
         append ``entry`` to ``log`` at ``now`` (``append_log``). ``log`` must live with ``collection``
         (``fleet.store.keys.LOG_SLOTS``: one cluster slot; ``ScopeMismatch`` otherwise). On Redis one script call
-        that checks every key's type before it writes anything."""
+        that checks every key's type before it writes anything.
+
+        With ``expect_version``, only if the stored document's top-level ``version`` (``fleet.store.keys.doc_version``:
+        0 when there is none) equals it, checked in the same atomic step (optimistic concurrency between replicas);
+        else ``DocVersionConflict`` and nothing written."""
         ...
 
     async def append_log(self, log: str, body: str, *, now: float) -> None:

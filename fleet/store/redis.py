@@ -47,6 +47,7 @@ from fleet.store import window as win
 from fleet.store.cancel import cancellation_safe, cancelling_now, checks_own_cancellation, raise_if_cancelled_since
 from fleet.store.keys import (
     SCHEMA_VERSION,
+    DocVersionConflict,
     KeyLayout,
     StoreMisconfigured,
     log_collection,
@@ -628,13 +629,25 @@ class RedisStore:
         return bool(deleted)
 
     async def put_doc_logged(
-        self, collection: str, doc_id: str, body: str | None, *, log: str, entry: str, now: float
+        self,
+        collection: str,
+        doc_id: str,
+        body: str | None,
+        *,
+        log: str,
+        entry: str,
+        now: float,
+        expect_version: int | None = None,
     ) -> None:
         log_collection(log, collection)
         keys = [self._keys.doc_prefix(collection) + doc_id, self._keys.doc_ids(collection), self._keys.log(log)]
         member = f"{uuid.uuid4().hex}:{entry}"
-        flag = "" if body is None else "1"
-        await self._put_doc_logged(keys=keys, args=[flag, body or "", doc_id, member, _num(now), str(LOG_MAX_ENTRIES)])
+        args = ["" if body is None else "1", body or "", doc_id, member, _num(now), str(LOG_MAX_ENTRIES)]
+        args.append("" if expect_version is None else str(expect_version))
+        written, found = await self._put_doc_logged(keys=keys, args=args)
+        if not int(written):
+            assert expect_version is not None
+            raise DocVersionConflict(int(found), expect_version)
 
     async def append_log(self, log: str, body: str, *, now: float) -> None:
         # A sorted set by time; the member carries a unique prefix so equal bodies at equal times both stay.

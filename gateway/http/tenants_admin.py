@@ -10,12 +10,14 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Body, Query
+from fastapi import APIRouter, Body, Header, Query, Response
 from pydantic import BaseModel, ValidationError
 
 from fleet.budget_period import BudgetPeriod, budget_key, period_span
 from fleet.config import ConfigError, SpeculationMode, TenantConfig, parse_model
+from fleet.store.keys import DocVersionConflict
 from gateway.errors import Conflict, InvalidRequest, NotFound
+from gateway.http import versions
 from gateway.http.deps import AdminDep, GatewayDep
 from gateway.http.openapi import ERROR_RESPONSES, ErrorBody
 from gateway.usage import audit
@@ -23,7 +25,11 @@ from gateway.wiring import Gateway
 
 router = APIRouter(
     prefix="/admin/v1",
-    responses={**ERROR_RESPONSES, 409: {"model": ErrorBody, "description": "The tenant already exists"}},
+    responses={
+        **ERROR_RESPONSES,
+        409: {"model": ErrorBody, "description": "The tenant already exists, or changed since the body's version"},
+        412: {"model": ErrorBody, "description": "The tenant changed since the version If-Match names"},
+    },
 )
 
 _SETTABLE = {name for name in TenantConfig.model_fields if name not in ("id", "keys")}
@@ -36,6 +42,12 @@ def _body_schema(*, create: bool) -> dict[str, Any]:
     keep = _SETTABLE | ({"id"} if create else set())
     properties = {k: v for k, v in schema["properties"].items() if k in keep}
     required = ["id", "tier"] if create else []
+    if not create:
+        properties[versions.VERSION_FIELD] = {
+            "type": "integer",
+            "minimum": 0,
+            "description": "The version (ETag) the change is made against; 409 when the tenant has moved on since.",
+        }
     body = {"type": "object", "properties": properties, "required": required, "additionalProperties": False}
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": body}}}}
 
@@ -69,6 +81,9 @@ class TenantView(BaseModel):
     """Unix seconds of the stored run-time change, if any."""
     changed_by: str | None
     """The admin key id that made it."""
+    version: int = 0
+    """The version of the tenant's run-time change (0: none yet), also its ``ETag``: send it back as ``If-Match`` (or
+    ``version``) with a change, which is refused if another admin changed the tenant since."""
     spent_usd: float = 0.0
     """USD spent against ``budget_usd`` in the current budget period (its spend counter, which ``budget/reset``
     zeroes)."""
@@ -116,6 +131,7 @@ async def _view(gw: Gateway, tenant: TenantConfig) -> TenantView:
         superseded=prov is not None and prov.superseded,
         changed_at=change.changed_at if change else None,
         changed_by=change.changed_by if change else None,
+        version=gw.tenant_book.version(tenant.id),
         spent_usd=await gw.store.spent(budget_key(tenant.id, tenant.budget_period, now)),
         period_started_at=span.start if span.resets else None,
         next_reset_at=span.end if span.resets else None,
@@ -162,39 +178,78 @@ async def create_tenant(body: Annotated[dict[str, Any], Body()], who: AdminDep, 
         raise Conflict(f"Tenant '{tenant.id}' already exists: change it with PATCH.", param="id")
     now = gw.clock.wall()
     entry = audit.entry(who=who, action="tenant.create", target=tenant.id, now=now, tenant=body)
-    await gw.tenant_book.save(tenant.id, tenant, by=who, now=now, log=audit.LOG, entry=entry)
+    try:
+        await gw.tenant_book.save(tenant.id, tenant, by=who, now=now, log=audit.LOG, entry=entry)
+    except DocVersionConflict:  # created meanwhile through another replica
+        raise Conflict(f"Tenant '{tenant.id}' already exists: change it with PATCH.", param="id") from None
     return await _view(gw, _existing(gw, tenant.id))
 
 
-@router.get("/tenants/{tenant_id}")
-async def get_tenant(tenant_id: str, _: AdminDep, gw: GatewayDep) -> TenantView:
+async def tenant_view(gw: Gateway, tenant_id: str) -> TenantView:
+    """The tenant in force (404 when none), as ``GET /admin/v1/tenants/{id}`` answers it."""
     return await _view(gw, _existing(gw, tenant_id))
 
 
-@router.patch("/tenants/{tenant_id}", openapi_extra=_body_schema(create=False))
-async def update_tenant(
-    tenant_id: str, body: Annotated[dict[str, Any], Body()], who: AdminDep, gw: GatewayDep
+@router.get("/tenants/{tenant_id}")
+async def get_tenant(tenant_id: str, _: AdminDep, gw: GatewayDep, response: Response) -> TenantView:
+    """The tenant, with its version as the ``ETag`` (send it back as ``If-Match`` with a change)."""
+    view = await tenant_view(gw, tenant_id)
+    response.headers["etag"] = versions.etag(view.version)
+    return view
+
+
+async def change_tenant(
+    gw: Gateway, tenant_id: str, body: dict[str, Any], who: str, *, if_match: str | None = None
 ) -> TenantView:
-    """Change some of a tenant's fields (``null`` clears a limit); a budget raised here applies to the next
-    request on every replica, with no restart."""
+    """``PATCH /admin/v1/tenants/{id}`` without HTTP: the console's edit form calls it with the body's ``version``."""
     current = _existing(gw, tenant_id)
+    body = dict(body)
+    expected, from_header = versions.expected_version(body, if_match)
     if "id" in body:
         raise InvalidRequest("tenant: id: a tenant's id cannot change.", param="id")
     tenant = _validated(gw, {**current.model_dump(include=_SETTABLE), **body, "id": tenant_id})
     now = gw.clock.wall()
     entry = audit.entry(who=who, action="tenant.update", target=tenant_id, now=now, changes=body)
-    await gw.tenant_book.save(tenant_id, tenant, by=who, now=now, log=audit.LOG, entry=entry)
+    try:
+        await gw.tenant_book.save(
+            tenant_id, tenant, by=who, now=now, log=audit.LOG, entry=entry, expect_version=expected
+        )
+    except DocVersionConflict as exc:
+        raise versions.refused(tenant_id, exc, expected=expected, header=from_header) from None
     return await _view(gw, _existing(gw, tenant_id))
 
 
+@router.patch("/tenants/{tenant_id}", openapi_extra=_body_schema(create=False))
+async def update_tenant(
+    tenant_id: str,
+    body: Annotated[dict[str, Any], Body()],
+    who: AdminDep,
+    gw: GatewayDep,
+    response: Response,
+    if_match: Annotated[str | None, Header()] = None,
+) -> TenantView:
+    """Change some of a tenant's fields (``null`` clears a limit); a budget raised here applies to the next
+    request on every replica, with no restart. Made against ``If-Match`` (or the body's ``version``): 412 (409)
+    when another admin changed the tenant since; the answer's ``ETag`` is the new version."""
+    view = await change_tenant(gw, tenant_id, body, who, if_match=if_match)
+    response.headers["etag"] = versions.etag(view.version)
+    return view
+
+
 @router.delete("/tenants/{tenant_id}")
-async def delete_tenant(tenant_id: str, who: AdminDep, gw: GatewayDep) -> Deleted:
+async def delete_tenant(
+    tenant_id: str, who: AdminDep, gw: GatewayDep, if_match: Annotated[str | None, Header()] = None
+) -> Deleted:
     """Delete a tenant: its keys stop authenticating on every replica. A tenants-file tenant stays deleted until
-    its entry in the file changes (``fleet.tenants``)."""
+    its entry in the file changes (``fleet.tenants``). With ``If-Match``, only at that version (else 412)."""
     _existing(gw, tenant_id)
+    expected = versions.parse_if_match(if_match)
     now = gw.clock.wall()
     entry = audit.entry(who=who, action="tenant.delete", target=tenant_id, now=now)
-    await gw.tenant_book.save(tenant_id, None, by=who, now=now, log=audit.LOG, entry=entry)
+    try:
+        await gw.tenant_book.save(tenant_id, None, by=who, now=now, log=audit.LOG, entry=entry, expect_version=expected)
+    except DocVersionConflict as exc:
+        raise versions.refused(tenant_id, exc, expected=expected, header=expected is not None) from None
     return Deleted(id=tenant_id)
 
 

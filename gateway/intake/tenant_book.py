@@ -8,6 +8,7 @@ import logging
 from collections.abc import Callable
 
 from fleet.config import TenantConfig, TenantsConfig, TierConfig
+from fleet.store.keys import DocVersionConflict
 from fleet.store.protocol import Store
 from fleet.tenants import (
     COLLECTION,
@@ -63,13 +64,31 @@ class TenantBook:
         except Exception as exc:  # the loop retries; an outage must not stop the gateway from starting
             log.warning("cannot read the run-time tenants yet, serving the tenants file: %s", exc)
 
+    def version(self, tenant_id: str) -> int:
+        """The version of the tenant's stored run-time change as last read here (0: none): its ETag."""
+        prov = self.provenance(tenant_id)
+        return prov.change.version if prov is not None and isinstance(prov.change, TenantChange) else 0
+
     async def save(
-        self, tenant_id: str, tenant: TenantConfig | None, *, by: str, now: float, log: str, entry: str
-    ) -> None:
+        self,
+        tenant_id: str,
+        tenant: TenantConfig | None,
+        *,
+        by: str,
+        now: float,
+        log: str,
+        entry: str,
+        expect_version: int | None = None,
+    ) -> int:
         """Store ``tenant`` (None: deleted) as changed at run time by admin key ``by``, against the file's entry
         as it is now, together with ``entry`` in ``log`` (the audit trail: one write, both or neither), and put it in
-        force here. Deleting a tenant the file does not have removes its document."""
+        force here; returns the change's version. Deleting a tenant the file does not have removes its document.
+
+        The write is made against ``expect_version`` (the editor's; None: the version last read here) and the store
+        refuses it when the stored change has another version (``DocVersionConflict``): of two editors of one
+        version, on any replicas, the second is refused instead of silently undoing the first."""
         in_file = self.file.tenant(tenant_id)
+        base = self.version(tenant_id) if expect_version is None else expect_version
         body = None
         if tenant is not None or in_file is not None:
             change = TenantChange(
@@ -78,10 +97,18 @@ class TenantBook:
                 file_digest=entry_digest(in_file),
                 changed_at=now,
                 changed_by=by,
+                version=base + 1,
             )
             body = change.model_dump_json()
-        await self._store.put_doc_logged(COLLECTION, tenant_id, body, log=log, entry=entry, now=now)
+        try:
+            await self._store.put_doc_logged(
+                COLLECTION, tenant_id, body, log=log, entry=entry, now=now, expect_version=base
+            )
+        except DocVersionConflict:
+            await self.refresh()  # the next edit here starts from the stored version
+            raise
         await self.refresh()
+        return base + 1
 
     async def save_tier(self, tier: str, config: TierConfig, *, by: str, now: float, log: str, entry: str) -> None:
         """Store tier ``tier`` as changed at run time by admin key ``by``, against the file's tier as it is now,

@@ -187,7 +187,8 @@ async def test_the_openapi_document_describes_the_tenant_routes(upstreams: Start
     assert body["required"] == ["id", "tier"]
     assert body["properties"]["rpm"]["anyOf"][0]["exclusiveMinimum"] == 0
     patch = paths["/admin/v1/tenants/{tenant_id}"]["patch"]["requestBody"]["content"]["application/json"]["schema"]
-    assert set(patch["properties"]) == settable - {"id"}
+    assert set(patch["properties"]) == settable - {"id"} | {"version"}, "a PATCH may name the version it edits"
+    assert {"409", "412"} <= set(paths["/admin/v1/tenants/{tenant_id}"]["patch"]["responses"])
     assert patch["required"] == []
     assert {"409", "403", "400"} <= set(create["responses"])
     assert create["security"] == [{"adminKey": []}]

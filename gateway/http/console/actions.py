@@ -54,7 +54,7 @@ async def edit_tenant(
     body = forms.tenant_body(form, create=False)
     return await perform(
         _tenant_page(console.pages.base, tenant_id),
-        lambda: tenants_admin.update_tenant(tenant_id, body, session.admin_id, gw),
+        lambda: tenants_admin.change_tenant(gw, tenant_id, body, session.admin_id),
         notice="Tenant saved.",
     )
 
@@ -65,7 +65,7 @@ async def suspend_tenant(
 ) -> Response:
     return await perform(
         _tenant_page(console.pages.base, tenant_id),
-        lambda: tenants_admin.update_tenant(tenant_id, {"suspended": True}, session.admin_id, gw),
+        lambda: tenants_admin.change_tenant(gw, tenant_id, {"suspended": True}, session.admin_id),
         notice="Tenant suspended: its requests are refused (403).",
     )
 
@@ -76,7 +76,7 @@ async def resume_tenant(
 ) -> Response:
     return await perform(
         _tenant_page(console.pages.base, tenant_id),
-        lambda: tenants_admin.update_tenant(tenant_id, {"suspended": False}, session.admin_id, gw),
+        lambda: tenants_admin.change_tenant(gw, tenant_id, {"suspended": False}, session.admin_id),
         notice="Tenant resumed.",
     )
 

@@ -21,12 +21,15 @@ def _blank_is_none(form: Mapping[str, str], names: tuple[str, ...]) -> dict[str,
 
 
 def tenant_body(form: Mapping[str, str], *, create: bool) -> dict[str, Any]:
-    """A tenant body for ``POST /admin/v1/tenants`` (``create``, with the ``id``) or ``PATCH …/{id}``."""
+    """A tenant body for ``POST /admin/v1/tenants`` (``create``, with the ``id``) or ``PATCH …/{id}`` (with the
+    ``version`` the form was rendered at: saving over another admin's change is refused, not done)."""
     body = _blank_is_none(form, TENANT_FIELDS)
     if "models" in form:
         body["models"] = [m.strip() for m in form["models"].split(",") if m.strip()] or ["*"]
     if create:
         body["id"] = form.get("id", "").strip()
+    elif form.get("version", "").strip().isdigit():
+        body["version"] = int(form["version"])
     return body
 
 

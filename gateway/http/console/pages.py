@@ -97,7 +97,7 @@ async def tenants(request: Request, console: ConsoleDep, session: SessionDep, gw
 
 async def tenant_context(gw: Gateway, who: str, tenant_id: str) -> dict[str, Any]:
     """Everything the tenant page shows (also rendered by the key-creation action, with the new secret)."""
-    view = await tenants_admin.get_tenant(tenant_id, who, gw)
+    view = await tenants_admin.tenant_view(gw, tenant_id)
     since = gw.clock.wall() - USAGE_WINDOW_S
     return {
         "t": await _tenant_summary(gw, who, view),
