@@ -44,6 +44,10 @@ PLANS_COLLECTION: Final = "plans"
 STORE_TTL_FACTOR: Final = 3.0
 """A plan document expires from the store after this many of its own TTLs (readers ignore it after one)."""
 
+SPILL_LIMIT_KEY: Final = "spill_limit/"
+"""``FleetPlan.predicted["spill_limit/<pool>"]``, written by the controller's planner (``controller.planner``), read by
+the gateway's placement filter (``FleetPlan.spill_limit``)."""
+
 _NAME = r"^[A-Za-z0-9_.-]{1,64}$"
 
 
@@ -171,6 +175,13 @@ class FleetPlan(BaseModel):
     def pools_for(self, cls: TrafficClass) -> list[PoolPlan]:
         """The pools that serve ``cls`` (exactly or through ``"<tier>/*"``), in plan order."""
         return [p for p in self.pools if p.serves(cls)]
+
+    def spill_limit(self, pool: str) -> int | None:
+        """The planner's ``spill_limit/<pool>``: the in-flight requests per worker of ``pool`` up to which its predicted
+        TPOT keeps ``spill_margin`` inside its tightest target for the forecast mix (the gateway spills batch work onto
+        it only below this); None when the plan has none (an older controller, a pool whose gear its loops choose)."""
+        found = self.predicted.get(SPILL_LIMIT_KEY + pool)
+        return None if found is None else int(found)
 
     def fresh(self, now: float) -> bool:
         """Whether readers should follow this plan at ``now`` (Unix s): issued at most ``ttl_s`` ago."""

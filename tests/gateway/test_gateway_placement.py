@@ -9,7 +9,7 @@ import pytest
 
 from fleet.config import TierConfig
 from fleet.perf import load_profile
-from fleet.plan import FleetPlan, publish_plan, traffic_class
+from fleet.plan import SPILL_LIMIT_KEY, FleetPlan, publish_plan, traffic_class
 from fleet.store.memory import MemoryStore
 from fleet.store.protocol import WorkerState
 from gateway.errors import InvalidRequest
@@ -175,3 +175,30 @@ async def test_the_gateway_follows_a_published_plan_and_meters_the_workload(upst
     assert {w for t, _, w in served if t == "alpha"} <= {"w0", "w1"}
     assert {w for t, _, w in served if t == "beta"} == {"w2"}
     assert all("x-gearshift-workload" not in body for w in workers for body in w.bodies)
+
+
+async def test_batch_spill_onto_an_interactive_pool_stops_at_the_plans_spill_limit() -> None:
+    """``spill_limit/<pool>`` (the planner's in-flight bound per worker under which the pool's predicted TPOT keeps
+    its margin, for the forecast mix) bounds spill-over too (issue 23: the planner computed it and no one read it)."""
+    views = fleet_views(3)
+    light, _, bulk = views
+    light.state = state(light, running=2)
+    bulk.in_flight = 8  # the batch pool is at its cap
+    f = PlacementFilter(tiers=TENANTS.tiers, profiles={v.id: PROFILE for v in views})
+    target = INTERACTIVE.tpot_target_s
+    assert target is not None
+    tpot = predicted_tpot_s(light, PROFILE)
+    assert tpot is not None
+    assert tpot <= (1 - 0.2) * target, "the live prediction alone would let batch work spill onto w0"
+    for limit, routed in ((3.0, ["w0"]), (2.0, ["w2"]), (0.0, ["w2"])):
+        plan = make_plan(cap=8, predicted={f"{SPILL_LIMIT_KEY}fast": limit})
+        assert ids(await f(route_ctx(BATCH, "maths", plan), views)) == routed, f"spill limit {limit}, load 2"
+    assert ids(await f(route_ctx(BATCH, "maths", make_plan(cap=8)), views)) == ["w0"], "no limit published"
+
+
+def test_the_gateway_reads_the_spill_limit_under_the_name_the_planner_writes() -> None:
+    from controller.planner import SPILL_LIMIT_KEY as WRITTEN
+
+    assert WRITTEN == SPILL_LIMIT_KEY
+    assert make_plan(predicted={f"{WRITTEN}fast": 5.0}).spill_limit("fast") == 5
+    assert make_plan().spill_limit("fast") is None

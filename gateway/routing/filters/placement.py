@@ -13,7 +13,8 @@ headers upstream).
    request may always use a worker whose pool protects no TPOT target, or one no tighter than its own tier's
    target (interactive work may use any worker); otherwise (batch work on an interactive worker) only while
    that worker's predicted TPOT with one more sequence (``predicted_tpot_s``) stays within
-   ``(1 − spill_margin) ×`` the pool's target;
+   ``(1 − spill_margin) ×`` the pool's target, and while its load is below the plan's ``spill_limit/<pool>``
+   (``FleetPlan.spill_limit``: the planner's bound for the same margin on the forecast mix), when it has one;
 3. else the home workers without room (the overload gate then holds the request until one has a slot, since a
    worker's free slots count its cap), or, with no home worker left at all, the spill candidates without room.
 
@@ -142,6 +143,9 @@ class PlacementFilter:
         own = ctx.tier.tpot_target_s
         if target is None or (own is not None and own <= target):
             return True
+        limit = plan.spill_limit(pool.name)
+        if limit is not None and load_of(worker) >= limit:
+            return False
         profile = self._profiles.get(worker.id)
         tpot = predicted_tpot_s(worker, profile) if profile is not None else None
         return tpot is not None and tpot <= (1.0 - plan.spill_margin) * target
