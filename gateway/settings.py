@@ -64,6 +64,19 @@ class GatewaySettings(CommonSettings):
     concurrency_grace_s: Annotated[float, Field(ge=0)] = 0.05
     """A concurrency refusal is retried once after this long: the slot may belong to the client's own request,
     finished on another replica, whose settlement is still on its way to the store (``gateway.intake.admission``)."""
+    lease_fraction: Annotated[float, Field(ge=0, le=0.1)] = 0.005
+    """Quota leases (``gateway.intake.leases``): a lease of a tenant's RPM or TPM is this share of the limit, times
+    this replica's share of the fleet (a limit whose lease would be under 2 units is not leased: each request asks
+    the store). The fleet admits at most ``lease_max_outstanding × lease_fraction`` of a limit above it (1 % with
+    the defaults). 0 turns leases off."""
+    lease_refill_at: Annotated[float, Field(ge=0, le=1)] = 0.5
+    """The next lease is asked for, in the background, once less than this share of the current one is left."""
+    lease_max_outstanding: Annotated[int, Field(ge=1, le=2)] = 2
+    """Leases of one limit a replica holds at once: 2 serves from one while the next is granted ahead; 1 asks for a
+    new one only when the current one runs out (half the bound, a store call on the request path at each refill)."""
+    lease_ttl_s: Seconds = 2.0
+    """A lease ends this long after its grant and its unused part goes back; also how long a budget's last
+    reported spend serves requests without the store."""
     ledger_linger_s: Annotated[float, Field(ge=0, le=1)] = 0.02
     """A usage record waits up to this long for others to share its ledger write (``gateway.usage.metering``): a
     sequential client's records then cost one store command per this interval, not one each; the budget counts them

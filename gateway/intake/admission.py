@@ -32,7 +32,7 @@ from fleet.store.memory import MemoryStore
 from fleet.store.protocol import Admission, BudgetLimit, Limit, Settlement, SlotLimit, Store, UsageRecord, WindowLimit
 from gateway.errors import BudgetExceeded, RateLimited, StoreUnavailable
 from gateway.intake.admit_batch import AdmitBatcher
-from gateway.intake.leases import LeaseBook
+from gateway.intake.leases import LeaseBook, LeasePolicy
 from gateway.intake.replicas import ReplicaRegistry
 from gateway.settings import GatewaySettings
 from gateway.usage.metrics import GatewayMetrics
@@ -183,7 +183,7 @@ class Admitter:
         replicas: ReplicaRegistry,
     ) -> Admitter:
         """The admitter of ``settings``, enforcing ``replicas``' local share of each limit during an outage."""
-        leases = LeaseBook(store, clock, share=replicas.share,
+        leases = LeaseBook(store, clock, share=replicas.share, policy=LeasePolicy.from_settings(settings),
                            on_error=lambda op: metrics.child(metrics.store_failures, op).inc())  # fmt: skip
         return cls(store, clock=clock, metrics=metrics, failure_mode=settings.store_failure_mode,
                    local_share=replicas.share, concurrency_grace_s=settings.concurrency_grace_s,

@@ -1,27 +1,28 @@
-"""Quota leases: this replica's slice of a tenant's rolling-window limits (RPM, TPM), so that a request under a
-lease needs no store round trip to pass them.
+"""Quota leases: this replica's slice of a tenant's rolling-window limits (RPM, TPM), so that a request under a lease
+needs no store round trip to pass them.
 
 A lease of ``size`` units is reserved in the store with one ordinary ``admit`` (one Lua call: the window counts the
-whole slice from the grant on), served from here, refilled in the background once half of it is drawn (one lease
-ahead at most), and ended ``ttl_s`` after its grant: the unused part (or the debt of TPM corrections past it) goes
-back with one ``settle`` whose ``reserved_at`` is the grant, so the refund lowers that reservation's part of the
-window only.
+whole slice from the grant on), served from here, refilled in the background once less than ``refill_at`` (half) of it
+is left (one lease ahead at most, with ``max_outstanding`` 2), and ended ``ttl_s`` after its grant: the unused part (or
+the debt of TPM corrections past it) goes back with one ``settle`` whose ``reserved_at`` is the grant, so the refund
+lowers that reservation's part of the window only.
 
-**The bound.** The store counts a leased unit at its grant; the request that draws it comes later, at most the life
-of the lease. So in any 60 s window the fleet admits at most the limit plus the units outstanding in leases at the
-window's start: per replica one lease and one refilled ahead, ``2 × size``. ``size`` is ``fraction × limit × share``
-(``share``: 1 / the replicas alive, ``gateway.intake.replicas``), so the fleet's bound is ``2 × fraction`` of the
-limit; with the default fraction 0.005 that is 1 %. A limit whose slice would be under 2 units is not leased: each
-request asks the store, exactly as without leases (the bound there is 0); so does a request costing more than half
-a slice (a TPM reservation larger than a small limit's slice).
+**The bound.** The store counts a leased unit at its grant; the request that draws it comes later, at most the life of
+the lease. So in any 60 s window the fleet admits at most the limit plus the units outstanding in leases at the window's
+start: per replica one lease and one refilled ahead, ``max_outstanding × size``. ``size`` is ``fraction × limit ×
+share`` (``share``: 1 / the replicas alive, ``gateway.intake.replicas``), so the fleet's bound is ``max_outstanding ×
+fraction`` of the limit; with the defaults (0.005, 2) that is 1 %. The policy is ``GatewaySettings``'
+``lease_fraction``, ``lease_refill_at``, ``lease_max_outstanding`` and ``lease_ttl_s``. A limit whose slice would be
+under 2 units is not leased: each request asks the store, exactly as without leases (the bound there is 0); so does a
+request costing more than half a slice (a TPM reservation larger than a small limit's slice).
 
-Near the limit a refill is refused (the window has no room for a whole slice): requests then ask the store one by
-one, exact again, until the window has room.
+Near the limit a refill is refused (the window has no room for a whole slice): requests then ask the store one by one,
+exact again, until the window has room.
 
-**Budgets** are not windows and cost is known only after the response. A budget lease is the spend counter the
-store last reported (every store answer carries it; a background refresh asks for it when no request did), valid
-for ``ttl_s``: a request passes here while that spend plus this replica's own unbilled spend stays under the limit
-less a headroom of ``2 × fraction × share`` of it. Other replicas' spend since the last refresh is not seen: the
+**Budgets** are not windows and cost is known only after the response. A budget lease is the spend counter the store
+last reported (every store answer carries it; a background refresh asks for it when no request did), valid for
+``ttl_s``: a request passes here while that spend plus this replica's own unbilled spend stays under the limit less a
+headroom of ``max_outstanding × fraction × share`` of it. Other replicas' spend since the last refresh is not seen: the
 fleet overshoots only when it spends more than the headroom within one ``ttl_s`` (at most the whole headroom per
 refresh), on top of the in-flight requests' cost that any non-reserving budget check lets through.
 """
@@ -36,18 +37,37 @@ from dataclasses import dataclass, field
 
 from fleet.clock import Clock
 from fleet.store.protocol import BudgetLimit, Settlement, Store, WindowLimit
+from gateway.settings import GatewaySettings
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
 class LeasePolicy:
-    """How big a lease is and how long it lives."""
+    """How big a lease is, when the next one is asked for, how many are held, and how long each lives
+    (``GatewaySettings.lease_*``). The fleet's over-admission of a window is at most
+    ``max_outstanding × fraction`` of the limit."""
 
     fraction: float = 0.005
     """A lease's share of the limit (times the replica's share of the fleet); 0 turns leases off."""
     ttl_s: float = 2.0
     """A lease ends this long after its grant, its unused part returned."""
+    refill_at: float = 0.5
+    """The next lease is asked for once less than this share of the current one is left (refill ahead)."""
+    max_outstanding: int = 2
+    """Leases of one limit held at once by a replica: the one served from and, with 2, one granted ahead."""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.refill_at <= 1:
+            raise ValueError(f"refill_at: {self.refill_at} is not within 0…1")
+        if self.max_outstanding not in (1, 2):
+            raise ValueError(f"max_outstanding: {self.max_outstanding}, expected 1 or 2")
+
+    @classmethod
+    def from_settings(cls, settings: GatewaySettings) -> LeasePolicy:
+        s = settings
+        return cls(fraction=s.lease_fraction, ttl_s=s.lease_ttl_s, refill_at=s.lease_refill_at,
+                   max_outstanding=s.lease_max_outstanding)  # fmt: skip
 
     def size(self, limit: int, share: float) -> int:
         """Units per lease of a ``limit``; 0 when the slice would be under 2 (the limit is not leased)."""
@@ -56,7 +76,7 @@ class LeasePolicy:
 
     def headroom(self, limit_usd: float, share: float) -> float:
         """USD of a budget left unserved from here (other replicas' spend between refreshes)."""
-        return 2.0 * self.fraction * share * limit_usd
+        return self.max_outstanding * self.fraction * share * limit_usd
 
 
 @dataclass(slots=True)
@@ -122,7 +142,8 @@ class LeaseBook:
                 self._refill(limit.key, w)
                 return False
         lease.left -= limit.cost
-        if lease.left * 2 < w.size and w.ahead is None:
+        policy = self.policy
+        if policy.max_outstanding > 1 and w.ahead is None and lease.left < w.size * policy.refill_at:
             self._refill(limit.key, w)
         return True
 
@@ -184,7 +205,7 @@ class LeaseBook:
             if w.debt:
                 lease.left -= w.debt
                 w.debt = 0
-        elif w.ahead is None:
+        elif w.ahead is None and self.policy.max_outstanding > 1:
             w.ahead = lease
         else:
             self._return(key, w, lease)

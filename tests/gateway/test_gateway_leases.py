@@ -30,8 +30,10 @@ class CountingStore(MemoryStore):
         return await super().admit(limits, now=now)
 
 
-def admitter(store: MemoryStore, clock: ManualClock, *, share: float = 1.0) -> Admitter:
-    leases = LeaseBook(store, clock, share=lambda: share)
+def admitter(
+    store: MemoryStore, clock: ManualClock, *, share: float = 1.0, policy: LeasePolicy | None = None
+) -> Admitter:
+    leases = LeaseBook(store, clock, share=lambda: share, policy=policy or LeasePolicy())
     return Admitter(store, clock=clock, metrics=GatewayMetrics(), leases=leases)
 
 
@@ -66,12 +68,14 @@ async def test_a_small_limit_is_not_leased_and_stays_exact() -> None:
     assert store.admits == 51
 
 
-@pytest.mark.parametrize("replicas", [1, 2, 3])
-async def test_over_admission_stays_within_the_outstanding_leases(replicas: int) -> None:
+@pytest.mark.parametrize(("replicas", "policy"), [
+    (1, LeasePolicy()), (2, LeasePolicy()), (3, LeasePolicy()),
+    (2, LeasePolicy(fraction=0.01, max_outstanding=1)), (2, LeasePolicy(fraction=0.0025, refill_at=0.9)),
+])  # fmt: skip
+async def test_over_admission_stays_within_the_outstanding_leases(replicas: int, policy: LeasePolicy) -> None:
     clock = ManualClock()
     store = MemoryStore(clock=clock)
-    policy = LeasePolicy()
-    gates = [admitter(store, clock, share=1 / replicas) for _ in range(replicas)]
+    gates = [admitter(store, clock, share=1 / replicas, policy=policy) for _ in range(replicas)]
     limit = 20_000
     tenant = TenantConfig(id="acme", tier="standard", rpm=limit)
     size = policy.size(limit, 1 / replicas)
@@ -86,8 +90,8 @@ async def test_over_admission_stays_within_the_outstanding_leases(replicas: int)
             pass
         await settle_leases(*gates)
         clock.advance(30.0 / (limit * 1.2))  # 30 s of the 60 s window
-    bound = 2 * size * replicas
-    assert bound <= limit // 100  # the stated bound: 1 % of the limit
+    bound = policy.max_outstanding * size * replicas
+    assert bound <= policy.max_outstanding * policy.fraction * limit  # the stated bound: 1 % with these policies
     assert limit - bound <= admitted <= limit + bound
 
 
