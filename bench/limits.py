@@ -15,6 +15,14 @@ Cluster), driven concurrently, each tenant with one limit; for each limit, what 
 - **Budget**: requests until refused; spent is the store's spend counter (billed with the ledger records) against
   the budget; bound: the requests in flight when the budget was reached, each at most the largest request cost.
 
+Two experiments per store. **exact**: the limits are small, so no quota lease applies (a lease under 2 units is not
+taken) and every request asks the store. **leased**: larger limits and ``GEARSHIFT_LEASE_FRACTION`` raised so that
+each replica serves RPM, TPM and the budget from quota leases (``gateway.intake.leases``); the stated bound adds the
+outstanding leases, ``lease_max_outstanding × lease_fraction`` of the limit (RPM and TPM, either way: leased units
+unused at the end count in the window too), and for the budget the spend that other replicas' leases may not have
+seen, at most the fleet's spend within one ``lease_ttl_s`` (measured from the ledger). Concurrency is never leased:
+exact in both.
+
 Workers are simulated (``gearshift sim serve``) at a speed-up that makes a request last tens of milliseconds.
 """
 
@@ -59,6 +67,25 @@ class LimitsBenchConfig:
     """How long the concurrency clients loop, seconds."""
     speedup: float = 20.0
     stores: tuple[str, ...] = ("redis", "cluster")
+    experiments: tuple[str, ...] = ("exact", "leased")
+    leased_rpm: int = 1_000
+    leased_tpm: int = 40_000
+    leased_budget_usd: float = 0.05
+    lease_fraction: float = 0.02
+    """``GEARSHIFT_LEASE_FRACTION`` of the leased experiment: with 2 replicas a lease is 1 % of a limit (10 requests
+    of the leased RPM, 400 tokens of its TPM)."""
+    lease_max_outstanding: int = 2
+    lease_ttl_s: float = 2.0
+
+    def limits(self, experiment: str) -> tuple[int, int, float]:
+        """RPM, TPM and budget (USD) of ``experiment``."""
+        if experiment == "leased":
+            return self.leased_rpm, self.leased_tpm, self.leased_budget_usd
+        return self.rpm, self.tpm, self.budget_usd
+
+    def lease_bound(self, experiment: str, limit: float) -> float:
+        """Units above (or below) ``limit`` the outstanding leases may admit in ``experiment``."""
+        return self.lease_max_outstanding * self.lease_fraction * limit if experiment == "leased" else 0.0
 
 
 @dataclass
@@ -71,11 +98,12 @@ class LimitResult:
     """How far above ``configured`` ``admitted`` may be without missing the target (0 for RPM and concurrency)."""
     detail: str = ""
     refused: int = 0
+    experiment: str = "exact"
 
     @property
     def met(self) -> bool:
-        if self.limit == "rpm":
-            return abs(self.admitted - self.configured) <= 0.01 * self.configured
+        if self.limit == "rpm":  # the rolling window's 1 % buckets, plus what leases outstanding may shift
+            return abs(self.admitted - self.configured) <= 0.01 * self.configured + self.bound
         return self.admitted <= self.configured + self.bound
 
 
@@ -91,13 +119,16 @@ def _key(tenant: str) -> str:
     return f"sk-limits-{tenant}-0000"
 
 
-def _tenants(config: LimitsBenchConfig) -> TenantsConfig:
+def _tenants(config: LimitsBenchConfig, experiment: str) -> TenantsConfig:
+    rpm, tpm, budget = config.limits(experiment)
     limits: dict[str, dict[str, float]] = {
-        "rpm": {"rpm": config.rpm},
-        "tpm": {"tpm": config.tpm},
+        "rpm": {"rpm": rpm},
+        "tpm": {"tpm": tpm},
         "conc": {"max_concurrency": config.max_concurrency},
-        "budget": {"budget_usd": config.budget_usd},
+        "budget": {"budget_usd": budget},
     }
+    if experiment == "leased":  # the slot admit still asks the store while leases serve the request's other limits
+        limits["conc"] |= {"rpm": 1_000_000, "tpm": 1_000_000_000}
     return TenantsConfig.model_validate(
         {
             "tiers": {"standard": {"priority": 0}},
@@ -124,12 +155,18 @@ def _fleet(urls: Sequence[str]) -> FleetConfig:
 
 
 def _env(
-    work: Path, config: LimitsBenchConfig, urls: Sequence[str], *, redis_url: str, cluster: bool
+    work: Path, config: LimitsBenchConfig, urls: Sequence[str], *, redis_url: str, cluster: bool, experiment: str
 ) -> dict[str, str]:
-    fleet_file, tenants_file = work / "fleet.yaml", work / "tenants.yaml"
+    fleet_file, tenants_file = work / "fleet.yaml", work / f"tenants-{experiment}.yaml"
     fleet_file.write_text(yaml.safe_dump(_fleet(urls).model_dump(mode="json")))
-    tenants_file.write_text(yaml.safe_dump(_tenants(config).model_dump(mode="json")))
-    return {
+    tenants_file.write_text(yaml.safe_dump(_tenants(config, experiment).model_dump(mode="json")))
+    leases = (
+        {"GEARSHIFT_LEASE_FRACTION": str(config.lease_fraction),
+         "GEARSHIFT_LEASE_MAX_OUTSTANDING": str(config.lease_max_outstanding),
+         "GEARSHIFT_LEASE_TTL_S": str(config.lease_ttl_s)}
+        if experiment == "leased" else {}
+    )  # fmt: skip
+    return leases | {
         "GEARSHIFT_FLEET_FILE": str(fleet_file),
         "GEARSHIFT_TENANTS_FILE": str(tenants_file),
         "GEARSHIFT_KEY_PEPPER": PEPPER,
@@ -183,14 +220,35 @@ async def _records(store: RedisStore, tenant: str) -> list[UsageRecord]:
     return list((await store.usage(tenant, since=0, until=math.inf, limit=100_000)).records)
 
 
+def max_spend_within(records: Sequence[UsageRecord], span_s: float) -> float:
+    """The most USD the ``records`` billed within any ``span_s`` seconds (by their ``at``)."""
+    recs = sorted(records, key=lambda r: r.at)
+    best = total = 0.0
+    start = 0
+    for r in recs:
+        total += r.cost_usd
+        while r.at - recs[start].at > span_s:
+            total -= recs[start].cost_usd
+            start += 1
+        best = max(best, total)
+    return best
+
+
 async def _measure(
-    store_name: str, urls: Sequence[str], store: RedisStore, config: LimitsBenchConfig
+    store_name: str, urls: Sequence[str], store: RedisStore, config: LimitsBenchConfig, experiment: str = "exact"
 ) -> list[LimitResult]:
     out: list[LimitResult] = []
     c = config.clients
-    rpm = await _fire(urls, "rpm", n=2 * config.rpm, clients=c, max_tokens=2, until=lambda: False)
+    rpm_limit, tpm_limit, budget_limit = config.limits(experiment)
+
+    def result(limit: str, configured: float, admitted: float, bound: float, detail: str, refused: int) -> None:
+        out.append(LimitResult(store_name, limit, configured, admitted, bound, detail, refused, experiment))
+
+    rpm = await _fire(urls, "rpm", n=2 * rpm_limit, clients=c, max_tokens=2, until=lambda: False)
     admitted = sum(r.ok for r in rpm)
-    out.append(LimitResult(store_name, "rpm", config.rpm, admitted, 0.0, f"{len(rpm)} sent", len(rpm) - admitted))
+    lease = config.lease_bound(experiment, rpm_limit)
+    result("rpm", rpm_limit, admitted, lease, f"{len(rpm)} sent" + (f"; leases ±{lease:g}" if lease else ""),
+           len(rpm) - admitted)  # fmt: skip
 
     tpm = await _fire(urls, "tpm", n=10_000, clients=c, max_tokens=100, until=lambda: False)
     tpm_refused = sum(not r.ok for r in tpm)
@@ -198,8 +256,9 @@ async def _measure(
     recs = await _records(store, "tpm")
     used = sum(r.prompt_tokens + r.completion_tokens for r in recs)
     excess = max([0, *(r.prompt_tokens - _estimate_prompt() for r in recs)])
-    detail = f"{len(recs)} served; real prompt ≤ estimate + {excess} tokens"
-    out.append(LimitResult(store_name, "tpm", config.tpm, used, float(c * excess), detail, tpm_refused))
+    lease = config.lease_bound(experiment, tpm_limit)
+    detail = f"{len(recs)} served; real prompt ≤ estimate + {excess} tokens" + (f"; leases {lease:g}" if lease else "")
+    result("tpm", tpm_limit, used, float(c * excess) + lease, detail, tpm_refused)
 
     loop = asyncio.get_running_loop()
     stop_at = loop.time() + config.concurrency_s
@@ -211,7 +270,7 @@ async def _measure(
     upper = max_overlap([(r.arrived_at or r.at, r.at) for r in recs])
     detail = f"{len(recs)} served; overlap of [first token, finish] {lower}, of [arrival, finish] {upper}"
     refused = sum(not r.ok for r in conc)
-    out.append(LimitResult(store_name, "concurrency", config.max_concurrency, held, 0.0, detail, refused))
+    result("concurrency", config.max_concurrency, held, 0.0, detail, refused)
 
     budget = await _fire(urls, "budget", n=10_000, clients=c, max_tokens=32, until=lambda: False)
     await asyncio.sleep(1.0)
@@ -219,9 +278,10 @@ async def _measure(
     spent = await store.spent("spend:budget")
     biggest = max([0.0, *(r.cost_usd for r in recs)])
     detail = f"{len(recs)} served; largest request {biggest:.2e} USD"
-    out.append(
-        LimitResult(store_name, "budget", config.budget_usd, spent, c * biggest, detail, sum(not r.ok for r in budget))
-    )
+    unseen = max_spend_within(recs, config.lease_ttl_s) if experiment == "leased" else 0.0
+    if unseen:
+        detail += f"; most spent within {config.lease_ttl_s:g} s {unseen:.2e} USD"
+    result("budget", budget_limit, spent, c * biggest + unseen, detail, sum(not r.ok for r in budget))
     return out
 
 
@@ -250,40 +310,52 @@ async def run(config: LimitsBenchConfig, work: Path) -> LimitsBenchResult:
                     redis = start_redis(log_dir=store_dir)
                     per_store.callback(redis.stop)
                     url = redis.url
-                env = _env(store_dir, config, [s.url for s in sims], redis_url=url, cluster=name == "cluster")
-                gateways: list[Proc] = []
-                for i in range(2):
-                    gw = start_gateway(
-                        f"gateway-{name}-{i}",
-                        env={**env, "GEARSHIFT_SPOOL_DIR": str(store_dir / f"spool-{i}")},
-                        log_dir=store_dir,
-                    )
-                    per_store.callback(gw.stop)
-                    gateways.append(gw)
-                store = RedisStore.from_url(url, prefix=env["GEARSHIFT_KEY_PREFIX"], cluster=name == "cluster")
-                await store.verify()
-                try:
-                    result.results += await _measure(name, [g.url for g in gateways], store, config)
-                finally:
-                    await store.close()
+                for experiment in config.experiments:
+                    result.results += await _experiment(name, url, experiment, config, [s.url for s in sims],
+                                                        store_dir)  # fmt: skip
     return result
+
+
+async def _experiment(
+    name: str, url: str, experiment: str, config: LimitsBenchConfig, workers: Sequence[str], store_dir: Path
+) -> list[LimitResult]:
+    """Two gateways of ``experiment`` on the store at ``url`` (its own key prefix), measured, then stopped."""
+    cluster = name == "cluster"
+    env = _env(store_dir, config, workers, redis_url=url, cluster=cluster, experiment=experiment)
+    with ExitStack() as gateways_up:
+        gateways: list[Proc] = []
+        for i in range(2):
+            gw = start_gateway(
+                f"gateway-{name}-{experiment}-{i}",
+                env={**env, "GEARSHIFT_SPOOL_DIR": str(store_dir / f"spool-{experiment}-{i}")},
+                log_dir=store_dir,
+            )
+            gateways_up.callback(gw.stop)
+            gateways.append(gw)
+        store = RedisStore.from_url(url, prefix=env["GEARSHIFT_KEY_PREFIX"], cluster=cluster)
+        await store.verify()
+        try:
+            return await _measure(name, [g.url for g in gateways], store, config, experiment)
+        finally:
+            await store.close()
 
 
 def report(result: LimitsBenchResult, config: LimitsBenchConfig, *, command: str, load: str) -> str:
     rows = [
         [
             r.store,
+            r.experiment,
             r.limit,
             f"{r.configured:g}",
             f"{r.admitted:g}",
-            "±1 %" if r.limit == "rpm" else f"≤ limit + {r.bound:g}",
+            ("±1 %" + (f" ± {r.bound:g}" if r.bound else "")) if r.limit == "rpm" else f"≤ limit + {r.bound:g}",
             "met" if r.met else "**not met**",
             str(r.refused),
             r.detail,
         ]
         for r in result.results
     ]
-    head = ["store", "limit", "configured", "admitted", "target", "status", "refused", "detail"]
+    head = ["store", "experiment", "limit", "configured", "admitted", "target", "status", "refused", "detail"]
     return "\n".join(
         [
             "# Limits across gateway replicas",
@@ -300,6 +372,14 @@ def report(result: LimitsBenchResult, config: LimitsBenchConfig, *, command: str
             "most clients × that excess. The budget bound: the requests in flight when the budget was reached, each at "
             "most the largest request's cost (a request is admitted while spend + this replica's unbilled spend is "
             "below the budget).",
+            "",
+            f"Experiment *exact*: no quota lease applies (the limits are too small for one). Experiment *leased*: "
+            f"`GEARSHIFT_LEASE_FRACTION={config.lease_fraction:g}`, `GEARSHIFT_LEASE_MAX_OUTSTANDING="
+            f"{config.lease_max_outstanding}`, `GEARSHIFT_LEASE_TTL_S={config.lease_ttl_s:g}`, so each replica serves "
+            "RPM, TPM and the budget from leases; their stated bound is added: RPM and TPM ± max_outstanding × "
+            "fraction × limit (units outstanding in leases, spent or not), the budget the fleet's largest spend within "
+            "one lease TTL (what another replica's lease may not have seen yet). The leased concurrency tenant also "
+            "has leased RPM and TPM; its slots are exact, admitted through the store.",
             "",
             "## Results",
             "",
