@@ -24,6 +24,12 @@ not the last healthy worker of its model, and:
   cost, the capacity lost while it restarts: ``restart_s ×`` its share of the forecast load (tokens, counted as
   lost even where the others absorb some: the SLA pays for what they absorb).
 
+A fresh fleet plan (``controller.planner``, which searches drafter modes with the pools) overrides the two
+stretches: a worker whose pool's mode differs from its own is asked to move at once
+(``WorkerGear.planned_drafter``), one whose pool keeps its mode stays. A planned move still needs the operator's
+switches, the dwell, one move at a time and another healthy worker; the last two checks are the planner's
+(it weighed the gain against the cost and kept the SLAs through the restart).
+
 Every worker gets a verdict with its reason, gain and cost included (for ``explain``).
 """
 
@@ -94,6 +100,10 @@ class WorkerGear:
     gain_tok_s: float = 0.0
     """Output tokens per second the move adds on this worker's load, as the policy predicts it (drafter-free k = 0
     over the gear it holds, or the best gear with the drafter over drafter-free k = 0)."""
+    planned_drafter: bool | None = None
+    """The drafter mode the fresh fleet plan gives this worker's pool (True: loaded; None: no plan). The plan has
+    weighed the move's gain over its horizon against its cost and kept the SLA through it
+    (``controller.planner``), so a planned move is wanted at once and needs no stretch nor gain of its own here."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +114,12 @@ class Verdict:
 
 
 def _wanted(w: WorkerGear, now_s: float, restart_s: float, cfg: DrafterFreeConfig) -> tuple[Move, str]:
-    """The move this worker's own history asks for, or STAY with why not."""
+    """The move the fleet plan, or else this worker's own history, asks for, or STAY with why not."""
+    if w.planned_drafter is not None:
+        mode = "with its drafter" if w.planned_drafter else "drafter-free"
+        if w.planned_drafter == w.drafter_loaded:
+            return Move.STAY, f"the fleet plan keeps it {mode}"
+        return (Move.TO_DRAFTER if w.planned_drafter else Move.TO_DRAFTER_FREE), f"the fleet plan wants it {mode}"
     since, target = (w.k0_since_s, Move.TO_DRAFTER_FREE) if w.drafter_loaded else (w.spec_pays_since_s, Move.TO_DRAFTER)
     want = "k = 0" if w.drafter_loaded else "a k > 0"
     need = cfg.dwell_factor * restart_s
@@ -138,6 +153,8 @@ def _blocked(
     others = [p for p in peers if p.healthy]
     if not others:
         return "the last healthy worker of its model"
+    if w.planned_drafter is not None:  # the planner checked its SLAs through the restart and its worth
+        return ""
     load = sum(p.load_tok_s for p in fleet if p.model == w.model and p.healthy)
     peak = load if peak_tok_s is None else peak_tok_s
     room = cfg.headroom * sum(p.capacity_tok_s for p in others)
@@ -196,5 +213,8 @@ def plan_restarts(
             started.add(w.model)
             load = sum(p.load_tok_s for p in fleet if p.model == w.model and p.healthy)
             gain, cost = move_worth(w, load, peaks.get(w.model, load), restart_s, config)
-            verdicts[w.worker_id] = Verdict(w.worker_id, move, f"{why}; gain {gain:.0f} tok > cost {cost:.0f} tok")
+            worth = "gain and cost weighed by the plan" if w.planned_drafter is not None else (
+                f"gain {gain:.0f} tok > cost {cost:.0f} tok"
+            )  # fmt: skip
+            verdicts[w.worker_id] = Verdict(w.worker_id, move, f"{why}; {worth}")
     return [verdicts[w.worker_id] for w in fleet]

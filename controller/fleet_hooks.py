@@ -74,23 +74,40 @@ def gear_observation(rt: WorkerRuntime) -> GearObservation:
 
 
 class GearModeHook:
+    """The drafter-free gear's moves; with a fleet plan, each worker's pool's drafter mode is the move asked for
+    (``controller.drafter_free``, ``WorkerGear.planned_drafter``)."""
+
     failure = "drafter-free gear tick failed"
 
-    def __init__(self, modes: GearModes, metrics: ControllerMetrics) -> None:
+    def __init__(self, modes: GearModes, metrics: ControllerMetrics, placement: FleetPlacement | None = None) -> None:
         self.modes = modes
         self.metrics = metrics
+        self.placement = placement
+
+    def planned(self, workers: Sequence[WorkerRuntime]) -> dict[str, bool]:
+        """Worker → the drafter mode (True: loaded) of its pool in the fresh plan, for the workers a plan covers."""
+        if self.placement is None:
+            return {}
+        found = {rt.config.id: self.placement.planned_drafter(rt.config.id, rt.config.model) for rt in workers}
+        return {wid: loaded for wid, loaded in found.items() if loaded is not None}
 
     async def tick(self, workers: Sequence[WorkerRuntime]) -> None:
-        await self.modes.tick([gear_observation(rt) for rt in workers])
+        await self.modes.tick([gear_observation(rt) for rt in workers], self.planned(workers))
         self.modes.export(self.metrics)
 
 
 class PlacementHook:
+    """The fleet plan (``controller.placement``): each worker's mode now and whether the drafter-free gear may
+    restart it go into the plan, which chooses drafter modes with the pools."""
+
     failure = "fleet placement tick failed"
 
-    def __init__(self, placement: FleetPlacement, k_tiers: Sequence[int] | None) -> None:
+    def __init__(
+        self, placement: FleetPlacement, k_tiers: Sequence[int] | None, gear_modes: GearModes | None = None
+    ) -> None:
         self.placement = placement
         self.k_tiers = None if k_tiers is None else tuple(k_tiers)
+        self.gear_modes = gear_modes
 
     def sample(self, rt: WorkerRuntime) -> WorkerSample:
         return WorkerSample(
@@ -100,6 +117,8 @@ class PlacementHook:
             max_num_seqs=rt.seqs,
             gears=worker_gears(self.k_tiers, rt.k_max, rt.full_speed),
             estimate=rt.estimate,
+            drafter_loaded=rt.drafter_loaded,
+            movable=self.gear_modes is not None and self.gear_modes.may_move(rt.config.id),
         )
 
     async def tick(self, workers: Sequence[WorkerRuntime]) -> None:

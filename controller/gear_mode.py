@@ -117,6 +117,7 @@ class GearModes:
         self._stretch = {w.id: _Stretch() for w in workers}
         self._unrestartable: set[str] = set()
         self._exported: dict[str, tuple[str, str]] = {}
+        self._planned: dict[str, bool] = {}
 
     def drafter_loaded(self, worker_id: str) -> bool:
         mode = self.modes.get(worker_id)
@@ -126,8 +127,21 @@ class GearModes:
         mode = self.modes.get(worker_id)
         return mode.phase if mode is not None else Phase.SERVING
 
-    async def tick(self, observations: Sequence[GearObservation]) -> None:
-        """One step of every worker's move; the rule is asked about the serving ones."""
+    def may_move(self, worker_id: str) -> bool:
+        """Whether the drafter-free gear may restart this worker (the operator's switches, a restart time, a
+        restart control that answered): what the fleet plan may count on."""
+        return (
+            self.config.enabled
+            and worker_id not in self.config.forbidden
+            and worker_id in self.restart_s
+            and worker_id in self.modes
+            and worker_id not in self._unrestartable
+        )
+
+    async def tick(self, observations: Sequence[GearObservation], planned: Mapping[str, bool] | None = None) -> None:
+        """One step of every worker's move; the rule is asked about the serving ones. ``planned``: worker → the
+        drafter mode (True: loaded) its pool has in the fresh fleet plan (``WorkerGear.planned_drafter``)."""
+        self._planned = dict(planned or {})
         now = self.clock.wall()
         self.modes.update(await read_modes(self.store))
         seen = {o.worker_id: o for o in observations if o.worker_id in self.workers}
@@ -197,6 +211,7 @@ class GearModes:
                     k0_since_s=s.k0_since if mode.drafter_loaded else None,
                     spec_pays_since_s=None if mode.drafter_loaded else s.spec_pays_since,
                     draining=mode.phase is not Phase.SERVING,
+                    planned_drafter=self._planned.get(wid),
                 )
             )
         movable = [g.worker_id for g in fleet if g.worker_id in self.restart_s]

@@ -93,9 +93,9 @@ class Controller:
             self.guards.append(Canary(self.canary))
         self.guards.append(DrafterFreeHold())
         if gear_modes is not None:
-            self.hooks.append(GearModeHook(gear_modes, self.metrics))
+            self.hooks.append(GearModeHook(gear_modes, self.metrics, self.placement))
         if self.placement is not None:
-            self.hooks.append(PlacementHook(self.placement, settings.policy.k_tiers))
+            self.hooks.append(PlacementHook(self.placement, settings.policy.k_tiers, gear_modes))
         self.hooks.append(self.attribution)
 
     def _runtimes(self, fleet: FleetConfig, profiles: Mapping[str, Profile]) -> dict[str, WorkerRuntime]:

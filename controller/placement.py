@@ -31,6 +31,7 @@ from dataclasses import dataclass, replace
 from pydantic import BaseModel, ConfigDict, Field
 
 from controller.estimator import Estimate
+from controller.forecast import DAY_S, Forecast, ForecastConfig, forecast
 from controller.full_speed import advertised_gears
 from controller.metrics import ControllerMetrics
 from controller.planner import (
@@ -77,6 +78,15 @@ class PlacementConfig(BaseModel):
     """The ledger window a class's rate and lengths are measured over."""
     max_classes: int = Field(16, ge=1)
     """Most traffic classes planned per model (the busiest; a bound on client-chosen workload hints)."""
+    forecast: bool = True
+    """Size the plan for each class's forecast (``controller.forecast``: the band's upper edge ``restart_s``
+    ahead, at least ``period_s``); False: for the rate measured over ``class_window_s``."""
+    forecast_window_s: float = Field(60.0, gt=0)
+    forecast_windows: int = Field(10, ge=2)
+    """The forecast's level and trend are fitted over this many windows of ``forecast_window_s``."""
+    horizon_factor: float = Field(_PLANNER.horizon_factor, gt=0)
+    """A plan's restarts must repay themselves within this many restart times."""
+    move_margin: float = Field(_PLANNER.move_margin, ge=0)
 
     def planner(self) -> PlannerConfig:
         return PlannerConfig(
@@ -85,7 +95,12 @@ class PlacementConfig(BaseModel):
             hysteresis=self.hysteresis,
             ttl_s=self.ttl_s,
             spill_margin=self.spill_margin,
+            horizon_factor=self.horizon_factor,
+            move_margin=self.move_margin,
         )
+
+    def forecaster(self) -> ForecastConfig:
+        return ForecastConfig(window_s=self.forecast_window_s, windows=self.forecast_windows)
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +114,10 @@ class WorkerSample:
     gears: tuple[int, ...]
     """The k this worker may run: the policy's tiers within its k_max, at full speed at some batch."""
     estimate: Estimate | None
+    drafter_loaded: bool = True
+    """The worker runs with its drafter loaded now."""
+    movable: bool = False
+    """The drafter-free gear may restart it into the other mode (``controller.gear_mode.GearModes.may_move``)."""
 
 
 def worker_gears(k_tiers: Iterable[int] | None, k_max: int, full_speed: FullSpeed | None) -> tuple[int, ...]:
@@ -152,9 +171,11 @@ def planner_input(
     max_classes: int,
     current: FleetPlan | None,
     current_since: float,
+    forecasts: Mapping[TrafficClass, Forecast] | None = None,
 ) -> tuple[PlannerInput, dict[TrafficClass, tuple[tuple[float, ...], float]]] | None:
     """The planner's input for ``model`` from its workers and its ledger records of the last ``window_s``
-    seconds, with the per-class acceptance estimate (accepted length per k, sd); None without traffic."""
+    seconds (older records are left out), with the per-class acceptance estimate (accepted length per k, sd);
+    None without traffic. ``forecasts``: per class, what the plan is sized for."""
     mine = [s for s in samples if s.model == model]
     count: dict[TrafficClass, int] = defaultdict(int)
     prompt: dict[TrafficClass, float] = defaultdict(float)
@@ -162,7 +183,7 @@ def planner_input(
     tier_of: dict[TrafficClass, str] = {}
     served: dict[str, dict[TrafficClass, float]] = defaultdict(lambda: defaultdict(float))
     for r in records:
-        found = _class_of(r, tenants) if r.model == model else None
+        found = _class_of(r, tenants) if r.model == model and r.at >= now - window_s else None
         if found is None:
             continue
         cls, tier_of[cls] = found
@@ -209,6 +230,10 @@ def planner_input(
         current=current,
         current_since=current_since,
         gears=tuple(gears) or (0,),
+        modes={s.worker_id: "loaded" if s.drafter_loaded else "off" for s in mine},
+        movable=frozenset(s.worker_id for s in mine if s.movable),
+        restart_s=profile.serving.restart_s or 0.0,
+        forecast={c: f.record() for c, f in (forecasts or {}).items() if c in kept},
     )
     return inp, acceptance
 
@@ -249,6 +274,8 @@ class FleetPlacement:
         self._exported: set[tuple[str, str]] = set()
         """``(worker, pool)`` label pairs of the pool metric now set."""
         self._next_at = clock.wall() + config.period_s
+        self.forecasts: dict[str, dict[TrafficClass, Forecast]] = {}
+        """Model → the last forecast per class (``controller.forecast``) from its ledger records."""
 
     def pool_of(self, worker_id: str, model: str) -> tuple[PoolPlan, FleetPlan] | None:
         """The worker's pool in its model's plan while that plan is fresh, with the plan."""
@@ -257,6 +284,11 @@ class FleetPlacement:
             return None
         pool = plan.pool_of_worker(worker_id)
         return None if pool is None else (pool, plan)
+
+    def planned_drafter(self, worker_id: str, model: str) -> bool | None:
+        """The drafter mode (True: loaded) of the worker's pool in its model's fresh plan (None: no plan)."""
+        found = self.pool_of(worker_id, model)
+        return None if found is None else found[0].drafter == "loaded"
 
     def tpot_target(self, worker_id: str, model: str, default: float | None) -> float | None:
         """The TPOT target the worker's loop decides against: its pool's when the plan has several pools."""
@@ -276,9 +308,25 @@ class FleetPlacement:
             if mine is None or stored.version > mine.version:  # a leader before us: continue its plan
                 self.plans[model] = stored
                 self._since[model] = (stored.version, stored.issued_at)
-        records = await self._store.ledger(since=now - self.config.class_window_s, until=now, limit=100_000)
+        cfg = self.config
+        span = max(cfg.class_window_s, cfg.forecast_window_s * cfg.forecast_windows)
+        records = await self._store.ledger(since=now - span, until=now, limit=100_000)
+        yesterday: Sequence[UsageRecord] = ()
+        if cfg.forecast:
+            yesterday = await self._store.ledger(
+                since=now - DAY_S - cfg.forecast_window_s, until=now - DAY_S + self._horizon(samples), limit=100_000
+            )
         for model in sorted({s.model for s in samples}):
+            if cfg.forecast:
+                ledger = [r for r in (*yesterday, *records) if r.model == model]
+                horizon = self._horizon([s for s in samples if s.model == model])
+                self.forecasts[model] = forecast(ledger, now=now, horizon_s=horizon, config=cfg.forecaster())
             await self._plan_model(model, samples, records, now)
+
+    def _horizon(self, samples: Sequence[WorkerSample]) -> float:
+        """How far ahead the plan is sized: a restart's time (the load when a move started now completes), at
+        least one planning period, seconds."""
+        return max([self.config.period_s, *(s.profile.serving.restart_s or 0.0 for s in samples)])
 
     async def _plan_model(
         self, model: str, samples: Sequence[WorkerSample], records: Sequence[UsageRecord], now: float
@@ -288,6 +336,7 @@ class FleetPlacement:
         built = planner_input(
             model, samples, records, tenants=self.tenants, window_s=self.config.class_window_s, now=now,
             max_classes=self.config.max_classes, current=current, current_since=since,
+            forecasts=self.forecasts.get(model),
         )  # fmt: skip
         if built is None:
             return

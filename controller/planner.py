@@ -484,12 +484,15 @@ def _with_forecast(inp: PlannerInput, pools: Sequence[PoolPlan]) -> list[PoolPla
 
 def _plan(inp: PlannerInput, pools: Sequence[PoolPlan], version: int, reason: str, predicted: dict[str, float],
           cfg: PlannerConfig) -> FleetPlan:  # fmt: skip
+    """The plan record; pools new in this version carry the forecast they were sized for, a republished version
+    keeps its pools as they were first issued."""
+    kept = inp.current is not None and version == inp.current.version
     return FleetPlan(
         model=inp.model,
         version=version,
         issued_at=inp.now,
         ttl_s=cfg.ttl_s,
-        pools=_with_forecast(inp, pools),
+        pools=list(inp.current.pools) if kept and inp.current is not None else _with_forecast(inp, pools),
         spill_margin=cfg.spill_margin,
         reason=reason,
         predicted=predicted,

@@ -95,3 +95,25 @@ def test_the_others_must_carry_the_forecast_peak_not_only_the_load_now() -> None
     verdicts = plan_restarts(fleet, now_s=NOW, restart_s=RESTART_S, config=ON, forecast_peak_tok_s={"kimi-k3": 1200.0})
     assert verdicts[0].move is Move.STAY
     assert "forecast peak 1200 tok/s" in verdicts[0].reason
+
+
+def test_a_fresh_plan_asks_for_its_pools_mode_at_once_and_keeps_the_rest() -> None:
+    # No stretch of k = 0, no gain of its own: the plan (which weighed them) wants w1 drafter-free.
+    fleet = [
+        gear("w0", k0_since_s=None, planned_drafter=True),
+        gear("w1", k0_since_s=None, gain_tok_s=0.0, planned_drafter=False),
+    ]
+    verdicts = plan_restarts(fleet, now_s=NOW, restart_s=RESTART_S, config=ON)
+    assert [v.move for v in verdicts] == [Move.STAY, Move.TO_DRAFTER_FREE]
+    assert "fleet plan" in verdicts[1].reason
+    # A long k = 0 stretch does not move a worker whose pool keeps its drafter.
+    assert moves([gear("w0", planned_drafter=True), gear("w1", planned_drafter=True)]) == [Move.STAY, Move.STAY]
+    # The operator's switches, the dwell and the last healthy worker still hold a planned move.
+    planned = [gear("w0", k0_since_s=None, planned_drafter=False), gear("w1", k0_since_s=None)]
+    assert moves(planned, DrafterFreeConfig(enabled=False)) == [Move.STAY, Move.STAY]
+    assert moves(planned, DrafterFreeConfig(enabled=True, forbidden=frozenset({"w0"}))) == [Move.STAY, Move.STAY]
+    assert moves([replace(planned[0], mode_since_s=NOW - 10.0), planned[1]]) == [Move.STAY, Move.STAY]
+    assert moves([planned[0]]) == [Move.STAY]
+    # A drafter-free worker whose pool has the drafter goes back.
+    back = [gear("w0", drafter_loaded=False, k0_since_s=None, planned_drafter=True), gear("w1", k0_since_s=None)]
+    assert moves(back) == [Move.TO_DRAFTER, Move.STAY]

@@ -307,3 +307,47 @@ def test_explain_shows_drafter_mode_k_cap_worker_caps_and_the_forecast() -> None
     shown = console.export_text()
     for expected in ("its loop ≤ 5", "w1 24", "off", "loaded", "forecast the pools were sized for", "2.25", "800"):
         assert expected in shown, expected
+
+
+async def test_the_plan_is_sized_for_the_forecast_and_knows_each_workers_mode(lab_profile: Profile) -> None:
+    # Arrivals rising window by window over ten minutes: the forecast's upper edge, not the last two minutes'
+    # mean, is what the plan is sized for, and each pool records it.
+    clock = ManualClock(NOW + 600.0)
+    store = MemoryStore(clock=clock)
+    cfg = PlacementConfig(period_s=10.0, min_dwell_s=0.0)
+    placement = FleetPlacement(cfg, store=store, clock=clock, tenants=TENANTS, metrics=ControllerMetrics())
+    i = 0
+    for window in range(10):
+        for _ in range(6 * (window + 1)):
+            at = NOW + 60.0 * window + (i % 60)
+            await store.append_usage(
+                record(i, tenant="bulk", tier="batch", workload="maths", worker="w0", tokens=100, at=at)
+            )
+            i += 1
+    workers = [replace(s, movable=True) for s in samples(lab_profile, w0=3.0, w1=2.0)]
+    workers[1] = replace(workers[1], drafter_loaded=False)
+    clock.advance(10.0)
+    await placement.tick(workers)
+    predicted = placement.forecasts[MODEL]["batch/maths"]
+    assert predicted.trend_rps_per_s > 0
+    recent = await store.ledger(since=clock.wall() - cfg.class_window_s, until=clock.wall(), limit=10_000)
+    measured = len(recent) / cfg.class_window_s  # the rate over the last class window
+    assert predicted.upper_rps > predicted.rate_rps > measured
+    plan = (await read_plans(store))[MODEL]
+    assert all(p.forecast["batch/maths"] == predicted.record() for p in plan.pools if p.serves("batch/maths"))
+    built = planner_input(
+        MODEL, workers, await store.ledger(since=NOW, until=clock.wall(), limit=10_000), tenants=TENANTS,
+        window_s=cfg.class_window_s, now=clock.wall(), max_classes=16, current=None, current_since=NOW,
+        forecasts=placement.forecasts[MODEL],
+    )  # fmt: skip
+    assert built is not None
+    inp = built[0]
+    assert inp.modes == {"w0": "loaded", "w1": "off"}
+    assert inp.movable == frozenset({"w0", "w1"})
+    assert inp.restart_s == (lab_profile.serving.restart_s or 0.0)
+    by_name = {c.name: c for c in inp.classes}
+    assert by_name["batch/maths"].rate_req_s == pytest.approx(measured)
+    assert inp.forecast["batch/maths"].upper_rps == predicted.upper_rps
+    w1_pool = plan.pool_of_worker("w1")
+    assert w1_pool is not None
+    assert placement.planned_drafter("w1", MODEL) == (w1_pool.drafter == "loaded")
