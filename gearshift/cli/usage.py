@@ -23,11 +23,13 @@ from fleet.config import CommonSettings, ConfigError
 from fleet.store.factory import build_store
 from fleet.store.protocol import UsageRecord
 from gateway.settings import GatewaySettings
+from gearshift.cli.usage_budgets import budgets_command
 from gearshift.cli.usage_retain import retain_command
 
 PAGE = 1000
-usage_app = typer.Typer(help="The usage ledger: export it as a replay trace, or trim it to its retention.")
+usage_app = typer.Typer(help="The usage ledger: export it as a replay trace, trim it to its retention, show budgets.")
 usage_app.command("retain")(retain_command)
+usage_app.command("budgets")(budgets_command)
 
 Fetch = Callable[[float, float, int], Awaitable[list[UsageRecord]]]
 """(since, until, limit) → the first ``limit`` records in time order."""

@@ -7,6 +7,8 @@ ledger holds for that period."""
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime
@@ -25,8 +27,9 @@ from gateway.errors import BudgetExceeded, StoreUnavailable
 from gateway.intake.admission import Admitter
 from gateway.intake.leases import LeaseBook, LeasePolicy
 from gateway.usage.metrics import GatewayMetrics
+from gearshift.cli.usage_budgets import budget_table, fetch_budgets
 
-from .harness import KEYS, StartUpstreams, make_fleet, make_tenants, serve_gateway
+from .harness import ADMIN_KEY, KEYS, StartUpstreams, make_fleet, make_tenants, serve_gateway
 from .test_gateway_tenants_admin import CHAT, admin
 
 MIDNIGHT = datetime(2026, 12, 3, tzinfo=UTC).timestamp()
@@ -231,3 +234,36 @@ async def test_an_outage_across_midnight_starts_the_new_day_at_zero_for_a_replic
     assert spent == pytest.approx(0.5)  # its share (0.5) of the new day's 1 USD
     with pytest.raises(StoreUnavailable):
         await stranger.admit(tenant, request_id="s0", tokens=1)
+
+
+async def test_the_cli_shows_each_budget_its_period_spend_and_next_reset(upstreams: StartUpstreams) -> None:
+    """``gearshift usage budgets`` against a real gateway, run as an operator would (a subprocess)."""
+    (w,) = await upstreams(1)
+    tenants = make_tenants(alpha={"budget_usd": 5.0, "budget_period": "weekly"}, beta={"budget_usd": 2.0})
+    async with serve_gateway(make_fleet([w.url]), tenants) as g:
+        now = g.gw.clock.wall()
+        await g.store.settle(windows=(), slots=(), spend={budget_key("alpha", "weekly", now): 1.25}, now=now)
+        views = await fetch_budgets(g.url, ADMIN_KEY)
+        env = {**os.environ, "GEARSHIFT_ADMIN_KEY": ADMIN_KEY}
+        run = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "gearshift", "usage", "budgets", "--gateway", g.url, env=env,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        out, err = await asyncio.wait_for(run.communicate(), timeout=60)
+    assert run.returncode == 0, err.decode()
+    assert [v["id"] for v in views] == ["alpha", "beta"]  # gamma has no budget
+    week = period_span("weekly", now)
+    start, reset = (datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M:%S UTC") for t in (week.start, week.end))
+    lines = out.decode().splitlines()
+    assert lines[0].split() == [
+        "tenant",
+        "budget_usd",
+        "period",
+        "spent_usd",
+        "left_usd",
+        "period_started",
+        "next_reset",
+    ]
+    assert lines[1].split() == ["alpha", "5.00", "weekly", "1.25", "3.75", *start.split(), *reset.split()]
+    assert lines[2].split() == ["beta", "2.00", "total", "0.00", "2.00", "-", "-"]
+    assert budget_table(views) == out.decode().rstrip("\n")
