@@ -29,7 +29,7 @@ from gateway.settings import GatewaySettings
 from gateway.upstream.body import BodyRules
 from gateway.upstream.client import Upstream, new_session
 from gateway.usage.metering import LedgerWriter
-from gateway.usage.metrics import GatewayMetrics
+from gateway.usage.metrics import SAMPLE_S, GatewayMetrics
 from gateway.usage.tracing import build_tracing
 
 
@@ -144,6 +144,8 @@ async def running_gateway(deps: GatewayDeps) -> AsyncIterator[Gateway]:
         asyncio.create_task(pool.run_loop("overload", gw.overload.tick, settings.overload_tick_s)),
         asyncio.create_task(pool.run_loop("tenants", gw.tenant_book.refresh, settings.tenants_refresh_s)),
     ]
+    if metrics.multiprocess:  # the measured gauges reach the other processes' scrapes through the files
+        gw.tasks.append(asyncio.create_task(pool.run_loop("metrics", metrics.sample_tick, SAMPLE_S)))
     try:
         yield gw
     finally:

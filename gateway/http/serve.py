@@ -95,7 +95,8 @@ class GatewayServer:
                 await asyncio.sleep(0.01)
         self.port = int(self._server.servers[0].sockets[0].getsockname()[1])
         connections = self._server.server_state.connections
-        self.gateway.metrics.open_connections.set_function(lambda: float(len(connections)))
+        metrics = self.gateway.metrics
+        metrics.measure(metrics.open_connections, lambda: float(len(connections)))
 
     async def wait(self) -> None:
         """Until the server stops (a signal or ``stop``)."""

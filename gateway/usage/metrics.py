@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Callable
 from typing import Any, Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
@@ -39,6 +40,8 @@ ASYNCIO_TASKS: Final = "gearshift_gateway_asyncio_tasks"
 OPEN_CONNECTIONS: Final = "gearshift_gateway_open_connections"
 MULTIPROC_DIR_ENV: Final = "PROMETHEUS_MULTIPROC_DIR"
 """Set (to a directory shared by the processes) for Prometheus's multiprocess mode: ``gearshift gateway --workers``."""
+SAMPLE_S: Final = 1.0
+"""How often each process writes its measured gauges in multiprocess mode (``GatewayMetrics.sample``), seconds."""
 QUEUE_DEPTH: Final = "gearshift_gateway_queue_depth"
 QUEUED_TIME: Final = "gearshift_gateway_queued_seconds"
 SHED: Final = "gearshift_gateway_shed_requests"
@@ -67,16 +70,42 @@ class GatewayMetrics:
     def exposition(self) -> bytes:
         """The text exposition of ``/metrics``: this registry's metrics; under ``gearshift gateway --workers N``
         (``PROMETHEUS_MULTIPROC_DIR`` set) every worker process's, merged: counters and histograms summed, gauges
-        one series per process (``pid``). Function gauges (asyncio tasks, open connections) are per process and
-        are left out there."""
+        one series per process (``pid``), and the measured gauges (asyncio tasks, open connections: ``measure``)
+        summed over the live processes, each as its process last sampled it (at most ``SAMPLE_S`` ago; this
+        process's now)."""
         if MULTIPROC_DIR_ENV in os.environ:
+            self.sample()
             merged = CollectorRegistry()
             multiprocess.MultiProcessCollector(merged)  # type: ignore[no-untyped-call]
             return generate_latest(merged)
         return generate_latest(self.registry)
 
+    @property
+    def multiprocess(self) -> bool:
+        """Prometheus's multiprocess mode (``gearshift gateway --workers N``): ``sample`` runs every ``SAMPLE_S``."""
+        return MULTIPROC_DIR_ENV in os.environ
+
+    def measure(self, gauge: Gauge, read: Callable[[], float]) -> None:
+        """``gauge`` shows ``read()``: read at each scrape in one process; in multiprocess mode, where a scrape reads
+        the processes' files, written by ``sample``."""
+        if self.multiprocess:
+            self._measured.append((gauge, read))
+            gauge.set(read())
+        else:
+            gauge.set_function(read)
+
+    def sample(self) -> None:
+        """Write every measured gauge's value now (multiprocess mode: the other processes' scrapes read it)."""
+        for gauge, read in self._measured:
+            gauge.set(read())
+
+    async def sample_tick(self) -> None:
+        """``sample`` as a background loop's tick (``gateway.wiring``, every ``SAMPLE_S`` in multiprocess mode)."""
+        self.sample()
+
     def __init__(self, registry: CollectorRegistry | None = None, *, tenant_label: TenantLabeler = PLAIN) -> None:
         self.registry = registry or CollectorRegistry()
+        self._measured: list[tuple[Gauge, Callable[[], float]]] = []
         self.tenant_label = tenant_label
         """The ``tenant`` label of a tenant id: every metric that labels a tenant takes it from here."""
         r = self.registry
@@ -122,9 +151,11 @@ class GatewayMetrics:
         self.store_up.set(1)
         self.spool_bytes = Gauge(SPOOL_BYTES, "Usage records in the local spool, bytes", registry=r)
         self.spool_full = Gauge(SPOOL_FULL, "1 while the local usage spool is full", registry=r)
-        self.asyncio_tasks = Gauge(ASYNCIO_TASKS, "asyncio tasks alive in the gateway's event loop", registry=r)
-        self.asyncio_tasks.set_function(_running_tasks)
-        self.open_connections = Gauge(OPEN_CONNECTIONS, "Client connections open on this gateway", registry=r)
+        self.asyncio_tasks = Gauge(ASYNCIO_TASKS, "asyncio tasks alive in the gateway's event loop", registry=r,
+                                   multiprocess_mode="livesum")  # fmt: skip
+        self.measure(self.asyncio_tasks, _running_tasks)
+        self.open_connections = Gauge(OPEN_CONNECTIONS, "Client connections open on this gateway", registry=r,
+                                      multiprocess_mode="livesum")  # fmt: skip
         self.queue_depth = Gauge(
             QUEUE_DEPTH, "Requests waiting in the overload queue, per model and priority band", ["model", "band"],
             registry=r,

@@ -64,6 +64,8 @@ async def test_two_workers_share_one_port_one_metrics_view_and_an_exact_ledger(t
             text = (await client.get("/metrics")).text  # one scrape, whichever process answers it
         assert _requests_total(text) == REQUESTS  # both processes' counters, summed
         assert len(_pids(text)) == 2  # and both processes are in the view
+        families = {f.name for f in text_string_to_metric_families(text)}
+        assert {"gearshift_gateway_asyncio_tasks", "gearshift_gateway_open_connections"} <= families  # measured
     finally:
         if gateway is not None:
             gateway.stop()
