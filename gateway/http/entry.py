@@ -17,11 +17,13 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Mapping
+from typing import Protocol
 
 from fastapi import FastAPI
 from starlette.types import Message, Receive, Scope, Send
 
 from gateway import errors
+from gateway.http.console.door import ConsoleDoor
 from gateway.intake.admin_guard import ADMIN_ID, ADMIN_PREFIX
 from gateway.pipeline import complete
 from gateway.upstream.endpoints import CHAT, RESPONSES, TEXT, Endpoint
@@ -71,7 +73,7 @@ class GatewayApp(FastAPI):
 
         if gw is not None:
             try:
-                receive = await guarded_body(gw, scope, receive)
+                receive = await guarded_body(gw, scope, receive, console=getattr(self.state, "console", None))
             except errors.GatewayError as exc:
                 response = errors.respond(exc, gw.metrics)
                 response.raw_headers.append(id_header)
@@ -111,19 +113,35 @@ async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-async def guarded_body(gw: Gateway, scope: Scope, receive: Receive) -> Receive:
+async def guarded_body(gw: Gateway, scope: Scope, receive: Receive, *, console: HasDoor | None = None) -> Receive:
     """Every route FastAPI serves: an ``/admin/`` request is authenticated first (the key's id goes to
     ``scope["state"]``; 401, or 429 for a client that failed too often), then the body is read within its cap
-    (``max_admin_body_bytes`` there, ``max_body_bytes`` elsewhere; 413), before FastAPI parses anything. Returns the
+    (``max_admin_body_bytes`` there and on the console, ``max_body_bytes`` elsewhere; 413), before FastAPI parses
+    anything. A console request without a live session (but the login form) has its body left unread: FastAPI sees
+    an empty one, and the route answers with the login page (``gateway.http.console.door``). Returns the
     ``receive`` that hands FastAPI the body read."""
     admin = scope["path"].startswith(ADMIN_PREFIX)
+    on_console = console is not None and console.door.guards(scope["path"])
+    if on_console and console is not None and not console.door.may_read_body(scope):
+        return _replay(b"", receive)
     if admin:
         client = scope.get("client")
         scope["state"][ADMIN_ID] = gw.admin_guard.authorize(
             _header(scope, b"authorization"), client[0] if client else ""
         )
-    limit = gw.settings.max_admin_body_bytes if admin else gw.settings.max_body_bytes
-    body = await read_body(scope, receive, limit)
+    limit = gw.settings.max_admin_body_bytes if admin or on_console else gw.settings.max_body_bytes
+    return _replay(await read_body(scope, receive, limit), receive)
+
+
+class HasDoor(Protocol):
+    """The console's parts (``gateway.http.console.auth.Console``) as the entry sees them."""
+
+    @property
+    def door(self) -> ConsoleDoor: ...
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A ``receive`` that hands over ``body`` as the whole request body, then defers to ``receive``."""
     sent = False
 
     async def replay() -> Message:

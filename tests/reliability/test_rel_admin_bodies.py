@@ -95,3 +95,40 @@ async def test_failed_admin_authentication_is_rate_limited_per_client() -> None:
         status, headers = await _status(live.url, _head(keys, key=ADMIN_KEY, length=2), (b"{}",))
         assert status == 429, "while blocked nothing is checked: a guess cannot be told from the right key"
         assert float(headers["retry-after"]) > 0
+
+
+CONSOLE_ACTIONS = ("POST /console/tenants", "POST /console/tenants/alpha", "POST /console/tiers/batch")
+UNSENT = 8 * 1024 * 1024
+"""A declared body under the general cap (``GEARSHIFT_MAX_BODY_BYTES``, 16 MiB) that the client never sends."""
+
+
+async def _console_cookie(url: str) -> str:
+    host, port = url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        form = f"admin_key={ADMIN_KEY}".encode()
+        head = "POST /console/login HTTP/1.1\r\nHost: gateway\r\nContent-Type: application/x-www-form-urlencoded\r\n"
+        writer.write(f"{head}Content-Length: {len(form)}\r\n\r\n".encode() + form)
+        await writer.drain()
+        raw = (await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), ANSWER_S)).decode("latin-1")
+    finally:
+        writer.close()
+    cookie = next(line for line in raw.split("\r\n") if line.lower().startswith("set-cookie:"))
+    return cookie.split(":", 1)[1].split(";", 1)[0].strip()
+
+
+@pytest.mark.parametrize("route", CONSOLE_ACTIONS)
+async def test_a_console_action_needs_its_session_before_the_body_is_read_and_is_capped_like_the_admin_api(
+    route: str,
+) -> None:
+    """The console changes tenants as the admin API does, so it is guarded as the admin API is: without a session
+    a form is answered (to the login page) without its body being read, and a session's form is capped at
+    ``GEARSHIFT_MAX_ADMIN_BODY_BYTES`` (before, the body was read first, up to the general 16 MiB cap)."""
+    async with live_gateway(fleet_of(["http://127.0.0.1:9"])) as live:
+        status, headers = await _status(live.url, _head(route, key=None, length=UNSENT))
+        assert status == 303, f"{route} without a session: {status or 'no answer'}"
+        assert headers["location"].endswith("/console/login")
+        cookie = await _console_cookie(live.url)
+        head = _head(route, key=None, length=UNSENT) + f"Cookie: {cookie}\r\n"
+        status, _ = await _status(live.url, head)
+        assert status == 413, f"{route} with a session, {UNSENT} bytes declared: {status or 'no answer'}"

@@ -17,6 +17,7 @@ from starlette.staticfiles import StaticFiles
 
 from fleet.clock import Clock
 from gateway.http.console import actions, auth, pages
+from gateway.http.console.door import ConsoleDoor
 from gateway.http.console.login_limit import LoginLimiter
 from gateway.http.console.render import STATIC, Pages
 from gateway.http.console.session import SessionSigner
@@ -29,12 +30,14 @@ def install(app: FastAPI, settings: GatewaySettings, *, clock: Clock) -> bool:
     """Mount the console on ``app`` when it is enabled and the admin API has a key; whether it was mounted."""
     if not settings.console_enabled or not any(settings.admin_credentials().values()):
         return False
+    signer = SessionSigner(settings.admin_credentials, clock=clock, ttl_s=settings.console_session_ttl_s)
     app.state.console = auth.Console(
-        signer=SessionSigner(settings.admin_credentials, clock=clock, ttl_s=settings.console_session_ttl_s),
+        signer=signer,
         limiter=LoginLimiter(
             clock=clock, max_failures=settings.console_login_failures, window_s=settings.console_login_window_s
         ),
         pages=Pages(base=BASE, clock=clock),
+        door=ConsoleDoor(BASE, signer),
     )
     for part in (auth.router, pages.router, actions.router):
         app.include_router(part, prefix=BASE, include_in_schema=False)

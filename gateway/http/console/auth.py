@@ -9,6 +9,7 @@ from typing import Annotated, cast
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import RedirectResponse, Response
 
+from gateway.http.console.door import ConsoleDoor
 from gateway.http.console.forms import parse_form
 from gateway.http.console.login_limit import LoginLimiter
 from gateway.http.console.render import Pages
@@ -22,6 +23,8 @@ class Console:
     signer: SessionSigner
     limiter: LoginLimiter
     pages: Pages
+    door: ConsoleDoor
+    """Whose body the ASGI entry may read (``gateway.http.console.door``)."""
 
 
 class LoginRequired(Exception):
