@@ -16,6 +16,7 @@ from fleet.perf import Profile
 from fleet.speculation import SpeculationUpdate
 from fleet.store.memory import MemoryStore
 from fleet.store.protocol import UsageRecord
+from gateway.settings import GatewaySettings
 from workers.sim.arrivals import Lengths, Phase, PhasedLoad, WorkloadMix
 from workers.sim.virtual import VirtualLab, VirtualWorker, make_worker
 
@@ -208,3 +209,21 @@ async def test_worker_cost_is_split_over_tenants_from_the_ledger(lab_profile: Pr
     assert a + b == pytest.approx(worker_usd, rel=0.01)
     assert shares == pytest.approx({"a": a, "b": b})
     assert await ctl.attribute_tenants() == {}, "each record is attributed once"
+
+
+async def test_tenant_cost_labels_are_the_gateways_hashes_under_metrics_tenant_label_hash(lab_profile: Profile) -> None:
+    """Issue 23's security pass: the controller's per-tenant cost carries the same salted label as the gateway's
+    metrics (``fleet.metric_labels``), so the cost dashboard's metered-vs-attributed join still lines up."""
+    clock, vlab, workers = lab(lab_profile, 1, concurrency=2)
+    tenants = TenantsConfig(tiers={"t": TierConfig()}, tenants=(TenantConfig(id="a", tier="t"),))
+    settings = ControllerSettings(tenant_interval_s=1000.0, metrics_tenant_label="hash", key_pepper="pepper-x")
+    ctl = lab_controller(workers, lab_profile, clock, settings=settings, tenants=tenants)
+    await ctl.store.append_usage(
+        UsageRecord(request_id="r", tenant="a", model="kimi-k3", worker_id="w0", prompt_tokens=0,
+                    completion_tokens=50, cost_usd=0.0, status="ok", tpot_s=0.01, at=clock.wall() + 5)
+    )  # fmt: skip
+    await run_lab(vlab, ctl, until_s=32, tick_s=2)
+    await ctl.attribute_tenants()
+    gateway_label = GatewaySettings(key_pepper="pepper-x", metrics_tenant_label="hash").tenant_labeler()("a")
+    assert sample(ctl, "gearshift_controller_tenant_cost_usd_total", tenant=gateway_label) > 0
+    assert sample(ctl, "gearshift_controller_tenant_cost_usd_total", tenant="a") == 0.0
