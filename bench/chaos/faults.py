@@ -9,8 +9,10 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
+import urllib.request
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from email.utils import parsedate_to_datetime
 
 from bench.chaos.load import Load
 from bench.chaos.measure import Kill
@@ -164,13 +166,26 @@ async def _replace_controller(run: FaultRun) -> None:
 SKEWED_GATEWAY = 1
 
 
+def _date_offset_s(url: str) -> float | None:
+    """How far the ``Date`` header of ``url``'s ``/healthz`` is from this clock, seconds (whole-second
+    resolution: the evidence that the skew took hold)."""
+    try:
+        with urllib.request.urlopen(url + "/healthz", timeout=2.0) as resp:
+            date = resp.headers.get("date")
+    except OSError:
+        return None
+    return None if date is None else parsedate_to_datetime(date).timestamp() - time.time()
+
+
 def _restart_skewed(skew_s: float) -> Step:
     async def step(run: FaultRun) -> None:
         run.load.down.add(SKEWED_GATEWAY)
         await asyncio.sleep(0.5)  # the clients stop picking it; what is in flight finishes on SIGTERM
-        await asyncio.to_thread(run.stack.restart_gateway, SKEWED_GATEWAY, skew_s=skew_s)
+        proc = await asyncio.to_thread(run.stack.restart_gateway, SKEWED_GATEWAY, skew_s=skew_s)
         run.load.down.discard(SKEWED_GATEWAY)
-        run.notes.append(f"gateway-1 restarted with its clock {skew_s:+.1f} s off")
+        seen = await asyncio.to_thread(_date_offset_s, proc.url)
+        shown = "unread" if seen is None else f"{seen:+.0f} s"
+        run.notes.append(f"gateway-1 restarted with its clock {skew_s:+.1f} s off (its Date header: {shown})")
 
     return step
 

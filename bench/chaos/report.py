@@ -107,7 +107,7 @@ def render(result: ChaosResult, *, command: str) -> str:
         "",
         table(
             ["fault", "what", "held s", "notes"],
-            [[r.fault.name, r.fault.what, r.fault.during_s, "; ".join(r.notes) or "—"] for r in result.results],
+            [[r.fault.name, r.fault.what, cfg.during_s(r.fault), "; ".join(r.notes) or "—"] for r in result.results],
         ),
         "",
         "## Per fault",

@@ -45,6 +45,11 @@ class ChaosConfig:
     routable_wait_s: float = 15.0
     """Longest wait, after the load stops, for every gateway to route to every worker again."""
     groups: tuple[ClientGroup, ...] = DEFAULT_GROUPS
+    during_scale: float = 1.0
+    """Multiplies every fault's ``during_s`` (``--fast`` holds each fault for less)."""
+
+    def during_s(self, fault: Fault) -> float:
+        return fault.during_s * self.during_scale
 
 
 @dataclass
@@ -216,14 +221,14 @@ async def run_fault(
     load = Load(fault.name, stack.secrets.keys, stack.gateway_urls, groups=cfg.groups)
     run = FaultRun(stack=stack, load=load)
     stop = asyncio.Event()
-    bound_s = cfg.before_s + fault.during_s + cfg.after_s + 120.0  # a heal that hangs cannot hold the load forever
+    bound_s = cfg.before_s + cfg.during_s(fault) + cfg.after_s + 120.0  # a heal that hangs cannot hold the load forever
     traffic = asyncio.create_task(load.run(stop, deadline_s=t0 + bound_s))
     try:
         await asyncio.sleep(cfg.before_s)
         progress(f"{fault.name}: inject ({fault.what})")
         injected = time.monotonic()
         await fault.inject(run)
-        await asyncio.sleep(max(0.0, fault.during_s - (time.monotonic() - injected)))
+        await asyncio.sleep(max(0.0, cfg.during_s(fault) - (time.monotonic() - injected)))
         progress(f"{fault.name}: heal")
         healed = time.monotonic()
         await fault.heal(run)
@@ -268,7 +273,7 @@ async def run_chaos(
         budgets: dict[str, float] = {}
         for fault in cfg.faults:
             clients = _group(cfg, "budget").clients
-            expected = rate * clients * (cfg.before_s + fault.during_s + cfg.after_s)
+            expected = rate * clients * (cfg.before_s + cfg.during_s(fault) + cfg.after_s)
             budgets[fault.name] = cost * max(2.0, cfg.budget_requests * expected)
             await _set_budget(stack, tenant_id(fault.name, "budget"), budgets[fault.name])
         await asyncio.sleep(1.5)  # every replica re-reads the run-time tenant changes (tenants_refresh_s)

@@ -39,9 +39,10 @@ def chaos(
         raise typer.BadParameter(str(exc.args[0]), param_hint="--fault") from None
     cfg = ChaosConfig(
         faults=tuple(faults),
-        before_s=before if before is not None else (5.0 if fast else 8.0),
-        after_s=after if after is not None else (6.0 if fast else 10.0),
+        before_s=before if before is not None else (4.0 if fast else 8.0),
+        after_s=after if after is not None else (5.0 if fast else 10.0),
         speedup=speedup,
+        during_scale=0.6 if fast else 1.0,
     )
     directory = run_dir or Path(tempfile.mkdtemp(prefix="gearshift-chaos-"))
     result = asyncio.run(run_chaos(cfg, directory, progress=console.print))
