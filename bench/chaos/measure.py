@@ -65,6 +65,15 @@ def clean(sent: Sent) -> bool:
     return r.error is not None and r.error.get("type") != "malformed_event" and r.done
 
 
+def kind(sent: Sent) -> str:
+    """``StreamResult.error_type``, with a client that gave up waiting (its own timeout) told apart from a broken
+    connection."""
+    r = sent.result
+    if r.transport_error is not None and r.transport_error.startswith("TimeoutError"):
+        return "client_timeout"
+    return r.error_type
+
+
 @dataclass(frozen=True, slots=True)
 class Failures:
     requests: int
@@ -75,7 +84,7 @@ class Failures:
     unclean: int
     broken_by_kill: int
     kinds: dict[str, int]
-    """``StreamResult.error_type`` → how many of the failures."""
+    """``kind`` → how many of the failures."""
 
 
 def failures(sent: Sequence[Sent], kills: Sequence[Kill] = ()) -> Failures:
@@ -89,7 +98,7 @@ def failures(sent: Sequence[Sent], kills: Sequence[Kill] = ()) -> Failures:
         failed=len(rest),
         unclean=sum(not clean(s) for s in rest),
         broken_by_kill=len(broken),
-        kinds=dict(Counter(s.result.error_type for s in rest)),
+        kinds=dict(Counter(kind(s) for s in rest)),
     )
 
 

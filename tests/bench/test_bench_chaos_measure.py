@@ -49,6 +49,11 @@ def test_an_error_event_then_done_is_clean_and_a_broken_stream_is_not() -> None:
     assert (f.requests, f.ok, f.failed, f.unclean) == (6, 1, 5, 3)
 
 
+def test_a_client_that_gave_up_waiting_is_a_client_timeout() -> None:
+    sent = [_sent("a", done=False, transport_error="TimeoutError()"), _sent("b", done=False, transport_error="reset")]
+    assert failures(sent).kinds == {"client_timeout": 1, "transport": 1}
+
+
 def test_intended_refusals_and_drops_are_not_failures_but_a_free_tenants_429_is() -> None:
     sent = [
         _sent("a", role="rpm", status=429, done=False, error={"type": "rate_limit_exceeded"}),
