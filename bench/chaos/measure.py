@@ -5,9 +5,8 @@
   a non-200 status with an OpenAI error body, or a 200 stream that ended with an error event and ``[DONE]``.
   A request to a replica the fault SIGKILLed, in flight at the kill or sent before the bench marked it down, can
   only break: it is counted apart (``broken_by_kill``) and not held against cleanliness.
-- **Ledger**: each answered request (by its ``x-request-id``) must be in the ledger once, with the token counts the
-  client's usage block gave (missing, duplicate, wrong amount); a record marked ``ok`` for a request whose client
-  saw a failure is a wrong amount too.
+- **Ledger**: ``bench.soak.ledger.ledger_diff`` (the soak's exact check): each answered request, by its
+  ``x-request-id``, once in the ledger with the tokens its usage block gave; no record of a request no client saw.
 - **Over-admission** per limit, against the bound of ``docs/operations/outages.md``: RPM and TPM as the most
   admitted in any 60 s (by ``admitted_at``), concurrency as the most requests whose ``[admitted_at, at]`` overlap,
   budget as the spend counter.
@@ -22,7 +21,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from bench.chaos.load import Sent
 from bench.limits import max_overlap
@@ -99,55 +98,6 @@ def failures(sent: Sequence[Sent], kills: Sequence[Kill] = ()) -> Failures:
         unclean=sum(not clean(s) for s in rest),
         broken_by_kill=len(broken),
         kinds=dict(Counter(kind(s) for s in rest)),
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class LedgerCheck:
-    answered: int
-    records: int
-    missing: int
-    duplicate: int
-    wrong_amount: int
-    unanswered_billed: int
-    """Records of requests the client did not see answered (failed or dropped): billed for the work done."""
-    examples: list[str] = field(default_factory=list)
-
-    @property
-    def differences(self) -> int:
-        return self.missing + self.duplicate + self.wrong_amount
-
-
-def ledger_check(sent: Sequence[Sent], records: Sequence[UsageRecord]) -> LedgerCheck:
-    answered = {s.result.headers["x-request-id"]: s for s in sent if s.result.ok and "x-request-id" in s.result.headers}
-    not_answered = {
-        s.result.headers["x-request-id"]: s for s in sent if not s.result.ok and "x-request-id" in s.result.headers
-    }
-    counts = Counter(r.request_id for r in records)
-    by_id = {r.request_id: r for r in records}
-    missing = [rid for rid in answered if rid not in by_id]
-    duplicate = [rid for rid, n in counts.items() if n > 1]
-    wrong = [
-        rid
-        for rid, s in answered.items()
-        if rid in by_id
-        and s.result.usage_seen
-        and (by_id[rid].completion_tokens, by_id[rid].prompt_tokens)
-        != (s.result.completion_tokens, s.result.prompt_tokens)
-    ]
-    wrong += [
-        rid for rid, s in not_answered.items() if rid in by_id and by_id[rid].status == "ok" and not s.disconnected
-    ]
-    examples = [f"missing {r}" for r in missing[:2]] + [f"duplicate {r}" for r in duplicate[:2]]
-    examples += [f"wrong {r}" for r in wrong[:2]]
-    return LedgerCheck(
-        answered=len(answered),
-        records=len(records),
-        missing=len(missing),
-        duplicate=len(duplicate),
-        wrong_amount=len(wrong),
-        unanswered_billed=sum(1 for rid in not_answered if rid in by_id),
-        examples=examples,
     )
 
 

@@ -47,7 +47,7 @@ def _summary_row(r: FaultResult) -> list[object]:
         f"{f.failed} ({kinds})",
         f.unclean,
         f.broken_by_kill,
-        f"{led.missing} / {led.duplicate} / {led.wrong_amount}",
+        f"{led.missing} / {led.duplicate} / {led.wrong_amount} / {led.unknown + led.no_request_id}",
         _worst(r),
         "not recovered" if r.recover_s is None else f"{r.recover_s:.1f}",
         "; ".join(r.unroutable) or "none",
@@ -77,7 +77,7 @@ def render(result: ChaosResult, *, command: str) -> str:
     lb, la = result.load_before, result.load_after
     summary_head = [
         "fault", "requests", "ok", "intended", "failed (kinds)", "unclean", "broken by kill",
-        "ledger missing / duplicate / wrong", "over-admission (worst)", "recover s", "left unroutable",
+        "ledger missing / duplicate / wrong / unknown", "over-admission (worst)", "recover s", "left unroutable",
     ]  # fmt: skip
     limit_head = ["fault", "limit", "configured", "admitted", "over", "bound", "reached", "status", "detail"]
     lines = [
@@ -117,8 +117,9 @@ def render(result: ChaosResult, *, command: str) -> str:
         "error event and `[DONE]`. Broken by kill: requests to the SIGKILLed replica that were in flight at the "
         f"kill or sent in the {NOTICE_S:g} s before the clients stopped picking it (a dead process answers "
         "nothing; the spool and the ledger still have to be right). Ledger: each answered request must be billed "
-        "once with the tokens its usage block gave; a record marked ok for a request whose client saw a failure "
-        "counts as wrong. Recover: seconds from the fault's end to the first request after which every request "
+        "once with the tokens its usage block gave (`bench.soak.ledger`, the soak's exact check); unknown: a record "
+        "of a request no client saw answered or failed, or an answer without a request id. Recover: seconds from "
+        "the fault's end to the first request after which every request "
         "succeeded. Left unroutable: a worker some gateway would still not route to "
         f"{cfg.routable_wait_s:g} s after the load stopped.",
         "",

@@ -20,6 +20,7 @@ from bench.chaos import measure
 from bench.chaos.faults import NOT_INJECTED, Fault, FaultRun
 from bench.chaos.load import DEFAULT_GROUPS, ClientGroup, Load, Sent, body
 from bench.chaos.stack import LIMITS, ChaosStack, LimitSizes, chaos_stack, tenant_id
+from bench.soak.ledger import LedgerDiff, ledger_diff
 from fleet.store.keys import spend_key
 from fleet.store.protocol import UsageRecord
 from gateway.settings import GatewaySettings
@@ -56,7 +57,7 @@ class ChaosConfig:
 class FaultResult:
     fault: Fault
     failures: measure.Failures
-    ledger: measure.LedgerCheck
+    ledger: LedgerDiff
     admissions: list[measure.Admission]
     recover_s: float | None
     unroutable: list[str]
@@ -248,7 +249,7 @@ async def run_fault(
     return FaultResult(
         fault=fault,
         failures=measure.failures(load.sent, run.kills),
-        ledger=measure.ledger_check(load.sent, all_records),
+        ledger=ledger_diff([s.result for s in load.sent], all_records),
         admissions=_admissions(cfg, fault, load.sent, records, spent, budget),
         recover_s=measure.time_to_recover(load.sent, healed, run.kills),
         unroutable=left,

@@ -44,7 +44,7 @@ def test_the_fast_fault_matrix_keeps_every_invariant(tmp_path: Path) -> None:
     for fault, row in by_fault.items():
         assert int(row["requests"]) > 0, fault
         assert int(row["ok"]) > 0, fault
-        assert row["ledger missing / duplicate / wrong"] == "0 / 0 / 0", fault
+        assert row["ledger missing / duplicate / wrong / unknown"] == "0 / 0 / 0 / 0", fault
         assert row["unclean"] == "0", fault
         assert row["left unroutable"] == "none", fault
         assert row["recover s"] != "not recovered", fault

@@ -11,7 +11,6 @@ from bench.chaos.measure import (
     budget_admission,
     concurrency_admission,
     failures,
-    ledger_check,
     most_in_window,
     rpm_admission,
     time_to_recover,
@@ -73,26 +72,6 @@ def test_a_transport_error_on_the_killed_replica_counts_apart_from_one_elsewhere
     ]
     f = failures(sent, [kill])
     assert (f.broken_by_kill, f.failed, f.unclean) == (1, 2, 2)
-
-
-def test_the_ledger_check_finds_missing_duplicate_and_wrong_records() -> None:
-    sent = [_sent("a"), _sent("b"), _sent("c"), _sent("d", error={"type": "api_error"}), _sent("e")]
-    records = [
-        _record("a"),
-        _record("b"),
-        _record("b"),  # billed twice
-        _record("c", completion_tokens=15),  # not what the client's usage block said
-        _record("d"),  # ok in the ledger, a failure at the client
-    ]  # "e" is missing
-    check = ledger_check(sent, records)
-    assert (check.missing, check.duplicate, check.wrong_amount, check.differences) == (1, 1, 2, 4)
-
-
-def test_an_exact_ledger_has_no_differences() -> None:
-    sent = [_sent("a"), _sent("b", error={"type": "api_error"}), _sent("c", disconnected=True, done=False)]
-    records = [_record("a"), _record("b", status="error"), _record("c", status="cancelled")]
-    check = ledger_check(sent, records)
-    assert (check.differences, check.unanswered_billed) == (0, 2)
 
 
 def test_the_most_in_any_window_slides() -> None:
