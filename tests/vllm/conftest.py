@@ -55,6 +55,7 @@ def start_server(
     *,
     in_process_worker: bool,
     speculative_extra: dict[str, object] | None = None,
+    ready_timeout_s: float = 150.0,
 ) -> Iterator[RunningServer]:
     """Run the tiny CPU worker (ngram, k_max 4, table [[1, 8, 4]] unless overridden, the gearshift plugin).
 
@@ -65,7 +66,9 @@ def start_server(
     plan = tiny_plan(worker, cpu=cpu, speculative_extra=speculative_extra)
     env = {"GEARSHIFT_CONTROL_TOKEN": CONTROL_TOKEN, "GEARSHIFT_SPEC_POLL_SECONDS": "0.25"}
     try:
-        with running_server(plan, url=worker.url, log_path=log_dir / "vllm.log", extra_env=env) as server:
+        with running_server(
+            plan, url=worker.url, log_path=log_dir / "vllm.log", extra_env=env, ready_timeout_s=ready_timeout_s
+        ) as server:
             yield server
     except ServerStartError as exc:
         pytest.fail(str(exc), pytrace=False)
