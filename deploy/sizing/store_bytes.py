@@ -1,5 +1,6 @@
-"""Measure what gearshift keeps in Redis per request (the ledger), per tenant (limit windows, slots, spend) and per
-worker (published state), on a real ``redis-server`` started here. The sizing in docs/operations comes from it:
+"""Measure what gearshift keeps in Redis per request (the ledger), per tenant (limit windows, slots, spend
+counters) and per worker (published state), on a real ``redis-server`` started here. The sizing in
+docs/operations comes from it:
 
     python deploy/sizing/store_bytes.py
 
@@ -16,7 +17,9 @@ from pathlib import Path
 import redis.asyncio as aioredis
 
 from bench.procs import start_redis
-from fleet.store.protocol import SlotLimit, UsageRecord, WindowLimit, WorkerState
+from fleet.budget_period import billed_counters
+from fleet.store.keys import KeyLayout
+from fleet.store.protocol import Limit, SlotLimit, UsageRecord, WindowLimit, WorkerState
 from fleet.store.redis import RedisStore
 
 REQUESTS, TENANTS, WORKERS = 20_000, 200, 200
@@ -46,9 +49,13 @@ async def measure(url: str) -> dict[str, float]:
             await store.append_usage_many(records[i : i + 256])
         out["bytes per request (ledger: stream, index, roll-ups, ids)"] = (await used(client) - before) / REQUESTS
         out["  of which the JSON record"] = len(records[0].model_dump_json())
+        counters = [KeyLayout("size:").limit(c.key) for c in billed_counters("acme", records[-1].at)]
+        out["bytes per tenant's spend counters (lifetime, day, week, month)"] = sum(
+            [int(await client.memory_usage(key) or 0) for key in counters]
+        )
         before = await used(client)
         for t in range(TENANTS):
-            limits = [
+            limits: list[Limit] = [
                 WindowLimit(key=f"rpm:t{t}", cost=1, limit=600, window_s=60.0),
                 WindowLimit(key=f"tpm:t{t}", cost=4000, limit=2_000_000, window_s=60.0),
                 SlotLimit(key=f"concurrency:t{t}", slot_id=uuid.uuid4().hex, limit=64),
