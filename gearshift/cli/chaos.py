@@ -17,7 +17,7 @@ DEFAULT_OUT = Path("docs/benchmarks")
 
 
 def chaos(
-    fast: Annotated[bool, typer.Option(help="The CI subset: a few faults, shorter phases (under 3 minutes).")] = False,
+    fast: Annotated[bool, typer.Option(help="The CI subset: five faults, shorter phases.")] = False,
     fault: Annotated[list[str] | None, typer.Option(help="Only these faults (repeatable).")] = None,
     before: Annotated[float | None, typer.Option(min=1, help="Seconds of load before each fault.")] = None,
     after: Annotated[float | None, typer.Option(min=1, help="Seconds of load after each fault is healed.")] = None,
