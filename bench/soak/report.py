@@ -8,6 +8,7 @@ equal those at the start; the usage ledger's totals equal what the clients count
 from __future__ import annotations
 
 import math
+import os
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -116,6 +117,10 @@ def _diff_detail(d: LedgerDiff) -> str:
     return f"{head}: {counts}{billed}{examples}"
 
 
+def _load(avg: tuple[float, ...]) -> str:
+    return " / ".join(f"{x:.1f}" for x in avg) or "unknown"
+
+
 def _ms(x: float) -> str:
     """Seconds as whole milliseconds; a dash for NaN (no requests)."""
     return "–" if math.isnan(x) else f"{x * 1000:.0f}"
@@ -166,6 +171,9 @@ def write(result: SoakResult, out: Path, *, command: str) -> Path:
         f"(`gearshift sim serve`, speedup {cfg.speedup:g}); completions of {cfg.min_tokens}–{cfg.max_tokens} tokens; "
         f"tenants {', '.join(f'{t.id} ({t.tier})' for t in cfg.tenants)}; limited on purpose: "
         f"{', '.join(sorted(result.limited_tenants)) or 'none'}.",
+        "",
+        f"Machine: {os.cpu_count()} CPUs, load average (1/5/15 min) {_load(result.load[0])} at the start of the load "
+        f"and {_load(result.load[1])} at its end (the soak's own processes included).",
         "",
         "## Invariants",
         "",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import random
 import time
 from collections.abc import Callable
@@ -108,6 +109,8 @@ class SoakResult:
     gateway_exit_codes: list[int] = field(default_factory=list)
     died: list[str] = field(default_factory=list)
     """Processes of the stack that exited during the run (``name: exit status``); the run stops early then."""
+    load: tuple[tuple[float, ...], tuple[float, ...]] = ((), ())
+    """The machine's load averages (1, 5, 15 min) when the load started and when it ended."""
 
 
 def _probe(stack: SoakStack) -> Probe:
@@ -207,6 +210,7 @@ async def run_soak(
             limited_tenants=frozenset(t.id for t in cfg.tenants if t.limited),
         )
         result.before = await asyncio.to_thread(_probe, stack)
+        load_start = os.getloadavg()
         t0 = time.monotonic()
         deadline = t0 + cfg.duration_s
         stop, abort = asyncio.Event(), asyncio.Event()
@@ -216,6 +220,7 @@ async def run_soak(
             await asyncio.gather(*(_client(i, stack, cfg, session, deadline, t0, result.finished, abort)
                                    for i in range(cfg.clients)))  # fmt: skip
         result.elapsed_s = time.monotonic() - t0
+        result.load = (load_start, os.getloadavg())
         stop.set()
         await sampler
         await asyncio.sleep(cfg.settle_s)
