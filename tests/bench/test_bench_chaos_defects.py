@@ -40,7 +40,9 @@ ANSWER_WITHIN_S = 5.0
 """Longer than any store timeout an operator would accept before failing open."""
 
 
-@pytest.mark.xfail(strict=True, reason="chaos defect 1: no deadline on the admit call to a store that hangs")
+@pytest.mark.xfail(
+    strict=True, raises=TimeoutError, reason="chaos defect 1: no deadline on the admit call to a store that hangs"
+)
 async def test_admission_fails_open_when_the_store_hangs(tmp_path: Path) -> None:
     redis = start_redis(log_dir=tmp_path)
     store = RedisStore.from_url(redis.url, prefix=f"hang-{uuid.uuid4().hex[:8]}:")
@@ -70,7 +72,9 @@ async def _stream_then_kill(url: str, gateway: Proc) -> StreamResult:
 
 
 @pytest.mark.heavy
-@pytest.mark.xfail(strict=True, reason="chaos defect 2: a record is durable only after the client has [DONE]")
+@pytest.mark.xfail(
+    strict=True, raises=AssertionError, reason="chaos defect 2: a record is durable only after the client has [DONE]"
+)
 async def test_an_answered_request_survives_its_gateway_dying_right_after_done(tmp_path: Path) -> None:
     sim = start_sim("w0", log_dir=tmp_path, speedup=50.0)
     redis = start_redis(log_dir=tmp_path / "redis")
