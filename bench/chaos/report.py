@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from bench.chaos.faults import NOTICE_S
+from bench.chaos.measure import intended
 from bench.chaos.run import ChaosResult, FaultResult
 from bench.markdown import fmt, table
 from bench.soak.report import Check
@@ -125,6 +126,8 @@ def render(result: ChaosResult, *, command: str) -> str:
         "",
         table(summary_head, [_summary_row(r) for r in result.results]),
         "",
+        f"![Requests answered and failed per second, per fault (the fault's span shaded)]({PLOT})",
+        "",
         "## Limits",
         "",
         "Admitted: RPM and TPM, the most billed in any 60 s by admission time (each fault's tenants live less than "
@@ -176,8 +179,50 @@ def render(result: ChaosResult, *, command: str) -> str:
     return "\n".join(lines)
 
 
+PLOT = "chaos.png"
+
+
+def plot(result: ChaosResult, path: Path) -> None:
+    """One panel per fault: requests finished per second, answered and failed (unintended), with the fault's
+    injection and heal marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n = len(result.results)
+    cols = min(3, n)
+    rows = -(-n // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 2.6 * rows), squeeze=False, constrained_layout=True)
+    for ax, r in zip(axes.flat, result.results, strict=False):
+        ok: dict[int, int] = {}
+        bad: dict[int, int] = {}
+        for s in r.sent:
+            second = int(s.result.ended - r.started_at)
+            if s.result.ok:
+                ok[second] = ok.get(second, 0) + 1
+            elif not intended(s):
+                bad[second] = bad.get(second, 0) + 1
+        span = range(int(r.elapsed_s) + 1)
+        ax.plot(list(span), [ok.get(t, 0) for t in span], label="answered", color="tab:green")
+        ax.plot(list(span), [bad.get(t, 0) for t in span], label="failed", color="tab:red")
+        ax.axvspan(r.injected_s, r.healed_s, color="tab:orange", alpha=0.2, label="fault")
+        ax.set_title(r.fault.name, fontsize=9)
+        ax.set_xlabel("s", fontsize=8)
+        ax.set_ylabel("requests / s", fontsize=8)
+        ax.tick_params(labelsize=7)
+    for ax in list(axes.flat)[n:]:
+        ax.set_visible(False)
+    axes.flat[0].legend(fontsize=7)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
 def write(result: ChaosResult, out: Path, *, command: str) -> Path:
+    """``out/chaos.md`` and its plot ``out/chaos.png``; returns the Markdown's path."""
     out.mkdir(parents=True, exist_ok=True)
+    if result.results:
+        plot(result, out / PLOT)
     path = out / "chaos.md"
     path.write_text(render(result, command=command))
     return path

@@ -65,6 +65,11 @@ class FaultResult:
     routable_after_s: float | None
     notes: list[str]
     elapsed_s: float
+    injected_s: float = 0.0
+    """When the fault was injected, seconds from the start of its load."""
+    healed_s: float = 0.0
+    started_at: float = 0.0
+    """``time.monotonic()`` at the start of its load (the clients' times are on this clock)."""
     sent: list[Sent] = field(repr=False, default_factory=list)
 
 
@@ -256,6 +261,9 @@ async def run_fault(
         routable_after_s=routable_s,
         notes=run.notes,
         elapsed_s=time.monotonic() - t0,
+        injected_s=injected - t0,
+        healed_s=healed - t0,
+        started_at=t0,
         sent=load.sent,
     )
 
