@@ -28,6 +28,7 @@ from gateway.intake.admission import Admitter
 from gateway.intake.leases import LeaseBook, LeasePolicy
 from gateway.usage.metrics import GatewayMetrics
 from gearshift.cli.usage_budgets import budget_table, fetch_budgets
+from tests.console.test_console_app import console_gateway, logged_in
 
 from .harness import ADMIN_KEY, KEYS, StartUpstreams, make_fleet, make_tenants, serve_gateway
 from .test_gateway_tenants_admin import CHAT, admin
@@ -267,3 +268,15 @@ async def test_the_cli_shows_each_budget_its_period_spend_and_next_reset(upstrea
     assert lines[1].split() == ["alpha", "5.00", "weekly", "1.25", "3.75", *start.split(), *reset.split()]
     assert lines[2].split() == ["beta", "2.00", "total", "0.00", "2.00", "-", "-"]
     assert budget_table(views) == out.decode().rstrip("\n")
+
+
+async def test_the_console_sets_the_period_and_shows_the_next_reset(upstreams: StartUpstreams) -> None:
+    async with console_gateway(upstreams) as g, g.admin() as api, logged_in(g) as (client, csrf):
+        form = {"csrf": csrf, "id": "delta", "tier": "batch", "budget_usd": "2", "budget_period": "daily"}
+        assert (await client.post("/console/tenants", data=form)).status_code == 303
+        view = (await api.get("/admin/v1/tenants/delta")).json()
+        assert (view["budget_usd"], view["budget_period"]) == (2.0, "daily")
+        page = (await client.get("/console/tenants/delta")).text
+        reset = datetime.fromtimestamp(view["next_reset_at"], UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+        assert f'<span class="next-reset">{reset}</span>' in page
+        assert '<option value="daily" selected>' in page  # the edit form shows the period in force

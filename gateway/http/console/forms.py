@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import parse_qs
 
-TENANT_FIELDS = ("tier", "rpm", "tpm", "max_concurrency", "budget_usd", "workload")
+TENANT_FIELDS = ("tier", "rpm", "tpm", "max_concurrency", "budget_usd", "budget_period", "workload")
 TIER_FIELDS = ("priority", "ttft_target_s", "tpot_target_s", "speculation", "prefer", "brownout_max_tokens")
 
 
@@ -34,5 +34,9 @@ def tenant_body(form: Mapping[str, str], *, create: bool) -> dict[str, Any]:
 
 
 def tier_body(form: Mapping[str, str]) -> dict[str, Any]:
-    """A tier body for ``PATCH /admin/v1/tiers/{name}``; an unticked ``sheddable`` box is False."""
-    return {**_blank_is_none(form, TIER_FIELDS), "sheddable": "sheddable" in form}
+    """A tier body for ``PATCH /admin/v1/tiers/{name}``; an unticked ``sheddable`` box is False; with the
+    ``version`` the form was rendered at."""
+    body = {**_blank_is_none(form, TIER_FIELDS), "sheddable": "sheddable" in form}
+    if form.get("version", "").strip().isdigit():
+        body["version"] = int(form["version"])
+    return body
