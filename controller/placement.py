@@ -46,9 +46,9 @@ from controller.planner import (
 from controller.policy import Decision, Risk
 from controller.stabiliser import Action, ActionKind, StabiliserState
 from fleet.clock import Clock
-from fleet.config import TenantsConfig
+from fleet.config import SpeculationMode, TenantsConfig
 from fleet.perf import Profile
-from fleet.plan import FleetPlan, PoolPlan, TrafficClass, publish_plan, read_plans, traffic_class
+from fleet.plan import FleetPlan, PoolPlan, TrafficClass, class_tier, publish_plan, read_plans, traffic_class
 from fleet.speculation import FullSpeed
 from fleet.store.protocol import Store, UsageRecord
 
@@ -134,12 +134,20 @@ def obey_pool(
     *,
     now: float,
     min_dwell_s: float,
+    no_drafts: bool = False,
 ) -> tuple[StabiliserState, Action]:
     """The stabiliser's ``(state, action)`` made to run ``pool.k`` unless a safety path holds (module docstring).
-    ``now`` is the loop's monotonic time."""
+    ``now`` is the loop's monotonic time. ``no_drafts``: the pool, at k = 0, serves a tier whose ``speculation``
+    is ``off``, so no probe may run a k > 0 there (that tier was promised no drafts)."""
     if pool.k is None or est.stale or est.windows == 0 or decision.risk in _SAFETY:
         return state, action
-    if action.kind is ActionKind.PROBE or state.probe_until_s is not None:
+    probing = action.kind is ActionKind.PROBE or state.probe_until_s is not None
+    if probing and no_drafts and pool.k == 0:
+        why = f"plan: pool {pool.name} k=0 serves speculation: off (no probe)"
+        kind = ActionKind.PLAN if state.k else ActionKind.HOLD
+        held = replace(state, k=0, since_s=now if state.k else state.since_s, probe_until_s=None, history=())
+        return replace(held, last_probe_s=now), Action(0, kind, why)
+    if probing:
         return state, action
     if state.reprobe_at_s is not None and now < state.reprobe_at_s:
         return state, action
@@ -289,6 +297,12 @@ class FleetPlacement:
         """The drafter mode (True: loaded) of the worker's pool in its model's fresh plan (None: no plan)."""
         found = self.pool_of(worker_id, model)
         return None if found is None else found[0].drafter == "loaded"
+
+    def serves_off(self, pool: PoolPlan) -> bool:
+        """Whether ``pool`` serves a tier whose ``speculation`` is ``off``."""
+        tiers = self.tenants.tiers
+        return any((t := tiers.get(class_tier(c))) is not None and t.speculation is SpeculationMode.OFF
+                   for c in pool.classes)  # fmt: skip
 
     def tpot_target(self, worker_id: str, model: str, default: float | None) -> float | None:
         """The TPOT target the worker's loop decides against: its pool's when the plan has several pools."""

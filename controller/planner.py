@@ -14,6 +14,8 @@ model. ``plan_fleet`` returns a ``fleet.plan.FleetPlan``; the pool model is ``co
 - *shared with a drafter-free part*: for every ``n_off`` = 1 … n, ``n_off`` workers without their drafter (k = 0,
   no idle-drafter tax) beside the loaded rest, every class served by both parts in proportion to their workers
   (the gateway balances on load) and the tiers whose ``speculation`` is ``off`` by the drafter-free part alone;
+  with the plugin's idle-drafter skip (``PlannerConfig.idle_drafter``), also a *free-k0* part: loaded workers
+  pinned at k = 0, which serve those tiers with no restart;
 - *split*: the classes with a TPOT target in an *interactive* pool, the rest in a *batch* pool, for every pool
   size, each pool's drafter mode, gear (the workers' full-speed gears; k = 0 only without the drafter) and cap.
   Batch overflow spills onto interactive workers while their predicted TPOT stays inside ``(1 − spill_margin)``
@@ -59,12 +61,13 @@ from controller.planner_pool import (
     shared_view,
     spill_limit,
 )
-from fleet.perf import Profile
+from fleet.perf import IdleDrafterMode, Profile
 from fleet.plan import ClassForecast, DrafterMode, FleetPlan, PoolPlan, TrafficClass
 
 __all__ = [
     "BATCH_POOL",
     "DRAFTER_FREE_POOL",
+    "FREE_K0_POOL",
     "INTERACTIVE_POOL",
     "SHARED_POOL",
     "SPILL_LIMIT_KEY",
@@ -86,6 +89,8 @@ __all__ = [
 
 SHARED_POOL = "shared"
 DRAFTER_FREE_POOL = "drafter-free"
+FREE_K0_POOL = "free-k0"
+"""Workers with their drafter loaded pinned at k = 0, where the idle drafter does no work (the plugin's skip)."""
 INTERACTIVE_POOL = "interactive"
 BATCH_POOL = "batch"
 SPILL_LIMIT_KEY = "spill_limit/"
@@ -163,9 +168,10 @@ def _gears(inp: PlannerInput) -> list[int]:
     return list(inp.gears if inp.gears is not None else range(inp.profile.drafter.k_max + 1))
 
 
-def _serves_off(drafter: DrafterMode, k: int | None) -> bool:
-    """Whether a pool decodes without drafts (may serve a tier whose ``speculation`` is ``off``)."""
-    return drafter == "off" or k == 0
+def _serves_off(drafter: DrafterMode, k: int | None, cfg: PlannerConfig) -> bool:
+    """Whether a pool decodes without drafts (may serve a tier whose ``speculation`` is ``off``): drafter-free,
+    or pinned at k = 0 on workers whose idle drafter does no work (the plugin's skip, ``cfg.idle_drafter``)."""
+    return drafter == "off" or (k == 0 and cfg.idle_drafter is IdleDrafterMode.PLUGIN)
 
 
 def _best_pool(
@@ -179,7 +185,7 @@ def _best_pool(
     then the larger cap)."""
     best: tuple[tuple[float, float, int], DrafterMode, int, int, PoolEstimate] | None = None
     for drafter, k, cap in settings:
-        if any(c.speculation_off for c, r in loads if r > 0) and not _serves_off(drafter, k):
+        if any(c.speculation_off for c, r in loads if r > 0) and not _serves_off(drafter, k, cfg):
             continue
         est = evaluate_pool(profile, loads, workers=workers, k=k, cap=cap, cfg=cfg, drafter=drafter)
         key = (round(est.goodput_tok_s, 6), est.spare_seq_steps, cap)
@@ -199,10 +205,10 @@ def _settings(
     return out
 
 
-def _takes(pool: PoolSpec | PoolPlan, c: ClassLoad) -> bool:
-    """Whether ``pool`` serves class ``c`` (a tier whose ``speculation`` is ``off`` only at k = 0)."""
+def _takes(pool: PoolSpec | PoolPlan, c: ClassLoad, cfg: PlannerConfig) -> bool:
+    """Whether ``pool`` serves class ``c`` (a tier whose ``speculation`` is ``off`` only without drafts)."""
     listed = pool.serves(c.name) if isinstance(pool, PoolPlan) else c.name in pool.classes
-    return listed and (not c.speculation_off or _serves_off(pool.drafter, pool.k))
+    return listed and (not c.speculation_off or _serves_off(pool.drafter, pool.k, cfg))
 
 
 def score_pools(inp: PlannerInput, loads: Sequence[ClassLoad], pools: Sequence[PoolSpec | PoolPlan],
@@ -215,8 +221,8 @@ def score_pools(inp: PlannerInput, loads: Sequence[ClassLoad], pools: Sequence[P
     for pool, size in zip(pools, sizes, strict=True):
         mine = []
         for c in loads:
-            if _takes(pool, c):
-                share = sum(s for p, s in zip(pools, sizes, strict=True) if _takes(p, c))
+            if _takes(pool, c, cfg):
+                share = sum(s for p, s in zip(pools, sizes, strict=True) if _takes(p, c, cfg))
                 mine.append((c, c.rate_req_s * size / share))
         cap = (pool.max_concurrency if isinstance(pool, PoolPlan) else pool.cap) or inp.max_num_seqs
         if pool.k is None:
@@ -279,6 +285,11 @@ def _shared(inp: PlannerInput, loads: Sequence[ClassLoad], cfg: PlannerConfig) -
             specs.append(PoolSpec(DRAFTER_FREE_POOL, names, n_off, drafter="off", k=0))
         if cand := _candidate(inp, loads, specs, cfg):
             out.append(cand)
+    if cfg.idle_drafter is IdleDrafterMode.PLUGIN and len(spec_ok) < len(names):
+        for n_k0 in range(1, n):  # the off tiers on loaded workers pinned at k = 0: no restart needed
+            specs = [PoolSpec(SHARED_POOL, spec_ok, n - n_k0), PoolSpec(FREE_K0_POOL, names, n_k0, k=0)]
+            if cand := _candidate(inp, loads, specs, cfg):
+                out.append(cand)
     return out
 
 
@@ -327,7 +338,7 @@ def _splits(inp: PlannerInput, loads: Sequence[ClassLoad], cfg: PlannerConfig) -
     for n_i in range(1, n):
         d_b, k_b, cap_b, est_b = _best_pool(inp.profile, batch, n - n_i, settings, cfg)
         for setting in settings:
-            if any(c.speculation_off for c, _ in inter) and not _serves_off(setting[0], setting[1]):
+            if any(c.speculation_off for c, _ in inter) and not _serves_off(setting[0], setting[1], cfg):
                 continue
             spilled, est_i = _spill(inp.profile, inter, est_b, batch, n_i, setting, cfg)
             specs = (

@@ -40,6 +40,9 @@ class DrafterConfig(_Strict):
     k_max: Annotated[int, Field(ge=1, le=16)] = 8
     model: str | None = None
     """Drafter weights (path or repo id) for model-based methods; None for ``ngram``."""
+    idle_skip: bool = False
+    """The worker runs the gearshift plugin's idle-drafter skip (``GEARSHIFT_IDLE_DRAFTER=skip``, issue 24): at
+    k = 0 its drafter does no work, so a pool the fleet plan pins at k = 0 may serve ``speculation: off``."""
 
 
 class PricingConfig(_Strict):

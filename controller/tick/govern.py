@@ -67,9 +67,11 @@ class ObeyPool:
         found = self.placement.pool_of(rt.config.id, rt.config.model)
         if found is None:
             return step
+        pool = found[0]
         state, action = obey_pool(
-            step.state, step.action, p.decision, p.estimate, found[0], now=p.now, min_dwell_s=self.min_dwell_s
-        )
+            step.state, step.action, p.decision, p.estimate, pool, now=p.now, min_dwell_s=self.min_dwell_s,
+            no_drafts=self.placement.serves_off(pool),
+        )  # fmt: skip
         return Step(state, action)
 
 

@@ -15,7 +15,7 @@ from controller.planner import (
     through_restart,
 )
 from fleet.config import SpeculationMode, TierConfig
-from fleet.perf import load_profile
+from fleet.perf import IdleDrafterMode, load_profile
 from fleet.plan import ClassForecast, DrafterMode
 
 MI355X = load_profile("kimi-k3-dspark-mi355x-tp8")
@@ -134,3 +134,18 @@ def test_a_speculation_off_tier_gets_a_drafter_free_pool_sized_for_it() -> None:
     served = plan.predicted["goodput_tok_s"]
     assert stuck.predicted["goodput_tok_s"] < served - 0.9 * 4.0 * 128
     assert next(p.name for p in plan.pools if p.drafter == "off") == DRAFTER_FREE_POOL
+
+
+def test_with_the_idle_drafter_skip_an_off_tier_is_served_at_k0_without_a_restart() -> None:
+    off = _random(4.0, OFF, "nospec/random")
+    plugin = PlannerConfig(horizon_s=20 * RESTART_S, idle_drafter=IdleDrafterMode.PLUGIN)
+    plan = plan_fleet(_input(_random(8.0), off, movable=()), plugin)
+    k0 = [p for p in plan.pools if p.serves("nospec/random")]
+    assert k0
+    assert all(p.k == 0 and p.drafter == "loaded" for p in k0)
+    assert "restarts" not in plan.predicted
+    assert plan.predicted["goodput_tok_s"] >= 0.99 * (8.0 + 4.0) * 128
+    # With vLLM's stock idle drafter a k = 0 pool still runs the drafter's pass: no promise of no drafts there.
+    stock = plan_fleet(_input(_random(8.0), off, movable=()), LONG)
+    assert not [p for p in stock.pools if p.serves("nospec/random") and p.k == 0 and p.drafter == "loaded"]
+    assert stock.predicted["goodput_tok_s"] < plan.predicted["goodput_tok_s"] - 0.9 * 4.0 * 128

@@ -25,7 +25,7 @@ from controller.policy import PolicyConfig, decide
 from controller.settings import ControllerSettings
 from controller.stabiliser import Action, ActionKind, StabiliserState
 from fleet.clock import ManualClock
-from fleet.config import CommonSettings, TenantConfig, TenantsConfig, TierConfig
+from fleet.config import CommonSettings, SpeculationMode, TenantConfig, TenantsConfig, TierConfig
 from fleet.perf import Profile
 from fleet.plan import ClassForecast, FleetPlan, PoolPlan, publish_plan, read_plans
 from fleet.store.memory import MemoryStore
@@ -77,6 +77,28 @@ def test_going_up_to_the_pool_gear_waits_for_the_dwell(lab_profile: Profile) -> 
     assert (new.k, action.kind) == (1, ActionKind.HOLD)
     new, action = obey_pool(state, hold, decision, est, pool(6), now=NOW + 8, min_dwell_s=10)
     assert (new.k, action.kind) == (6, ActionKind.PLAN)
+
+
+def test_a_k0_pool_serving_speculation_off_never_probes(lab_profile: Profile) -> None:
+    est = make_estimate(lab_profile, k_current=0)
+    decision = decide(est, lab_profile, tpot_target_s=None, config=PolicyConfig())
+    probe = Action(4, ActionKind.PROBE, "neighbour probe")
+    state = StabiliserState(k=0, since_s=0.0)
+    # Without a speculation-off tier the loop may explore the pool's k = 0 (a probe passes) …
+    assert obey_pool(state, probe, decision, est, pool(0), now=NOW, min_dwell_s=0) == (state, probe)
+    # … with one, the probe is refused, and one already running is ended at once.
+    new, action = obey_pool(state, probe, decision, est, pool(0), now=NOW, min_dwell_s=0, no_drafts=True)
+    assert (new.k, new.probe_until_s, action.k, action.kind) == (0, None, 0, ActionKind.HOLD)
+    running = StabiliserState(k=4, since_s=NOW - 1, probe_until_s=NOW + 3)
+    new, action = obey_pool(running, Action(4, ActionKind.HOLD, "probing"), decision, est, pool(0), now=NOW,
+                            min_dwell_s=0, no_drafts=True)  # fmt: skip
+    assert (new.k, new.probe_until_s, action.k, action.kind) == (0, None, 0, ActionKind.PLAN)
+    off = TenantsConfig(tiers={"batch": TierConfig(speculation=SpeculationMode.OFF)}, tenants=())
+    placement = FleetPlacement(PlacementConfig(), store=MemoryStore(), clock=ManualClock(NOW), tenants=off,
+                               metrics=ControllerMetrics())  # fmt: skip
+    assert placement.serves_off(pool(0))
+    assert not FleetPlacement(PlacementConfig(), store=MemoryStore(), clock=ManualClock(NOW), tenants=TENANTS,
+                              metrics=ControllerMetrics()).serves_off(pool(0))  # fmt: skip
 
 
 @pytest.mark.parametrize(

@@ -18,6 +18,7 @@ from fleet.config import (
     TierConfig,
     parse_model,
 )
+from fleet.plan import FleetPlan, PoolPlan
 from fleet.store.memory import MemoryStore
 from fleet.store.protocol import WorkerState
 from fleet.worker_mode import Mode, WorkerMode, write_mode
@@ -156,3 +157,24 @@ async def test_the_gateway_routes_off_to_drafter_free_workers_meters_the_mode_an
     assert {r.worker_id for r in records if r.speculation == "auto"} - {"w1"}, "auto: the other workers too"
     assert len(records) == 18, "the refused requests reached no worker"
     assert counted == {"off": 12.0, "auto": 6.0}
+
+
+async def test_off_also_keeps_skip_workers_the_fresh_plan_pins_at_k0() -> None:
+    def skip(i: int, k: int) -> WorkerView:
+        v = view(i, k=k, mode=Mode.DRAFTER)
+        v.config = v.config.model_copy(update={"drafter": v.config.drafter.model_copy(update={"idle_skip": True})})
+        return v
+
+    pinned, stock, moving, free_pool = skip(0, 0), view(1, k=0, mode=Mode.DRAFTER), skip(2, 3), skip(3, 0)
+    plan = FleetPlan(
+        model=MODEL, version=1, issued_at=1000.0, ttl_s=30.0,
+        pools=[PoolPlan(name="k0", classes=["nospec/*"], workers=[pinned.id, stock.id, moving.id], k=0),
+               PoolPlan(name="rest", classes=["interactive/*"], workers=[free_pool.id])],
+    )  # fmt: skip
+    workers = [pinned, stock, moving, free_pool]
+    off = RouteContext(model=MODEL, tier=TIER, now=1000.0, speculation=SpeculationMode.OFF, plan=plan)
+    # Only the skip worker pinned at k = 0 that has applied it: the stock one pays its drafter, the moving one has
+    # not reached k = 0 yet, and the last one's pool lets its loop choose k.
+    assert await FILTER(off, workers) == [pinned]
+    stale = RouteContext(model=MODEL, tier=TIER, now=1000.0 + 31.0, speculation=SpeculationMode.OFF, plan=plan)
+    assert await FILTER(stale, workers) == [], "a stale plan pins nothing"

@@ -8,11 +8,12 @@ names the header (``request_speculation``), before admission.
 ``SpeculationFilter`` then keeps, for a request in mode
 
 - ``auto``: every worker;
-- ``off``: the workers that decode without drafts, the ones started without a drafter (their mode record,
-  ``fleet.worker_mode``, says ``drafter-free``). None left: none is kept, and the request gets 503
-  ``no_worker_available`` with Retry-After: ``off`` is a promise, not a preference. (A worker with its drafter
-  loaded at k = 0 decodes without drafts too but pays the idle-drafter tax; it counts once workers publish that
-  their free-k = 0 skip is on, which they do not yet.)
+- ``off``: the workers that decode without drafts: the ones started without a drafter (their mode record,
+  ``fleet.worker_mode``, says ``drafter-free``), and the workers with the plugin's idle-drafter skip
+  (``DrafterConfig.idle_skip``) whose pool in the fresh fleet plan is pinned at k = 0 and whose published state
+  has applied it (k = 0 there costs no drafter work; a loop never probes such a pool,
+  ``controller.placement.obey_pool``). None left: none is kept, and the request gets 503
+  ``no_worker_available`` with Retry-After: ``off`` is a promise, not a preference.
 - ``fast``: among the workers running their drafter whose published predicted TPOT (``WorkerState``) meets the
   tier's target (every one, for a tier without a target), those at the highest applied k. None qualifies (no
   published state, or every prediction misses the target): every worker is kept and the scorers rank them.
@@ -62,6 +63,15 @@ def serves_without_drafts(worker: WorkerView) -> bool:
     return worker.mode is not None and worker.mode.mode is Mode.DRAFTER_FREE
 
 
+def pinned_free_k0(ctx: RouteContext, worker: WorkerView) -> bool:
+    """``worker`` skips its idle drafter and runs k = 0 as its fresh plan pool's fixed gear, applied."""
+    if not worker.config.drafter.idle_skip or worker.state is None or worker.state.k_applied != 0:
+        return False
+    plan = ctx.plan
+    pool = plan.pool_of_worker(worker.id) if plan is not None and plan.fresh(ctx.now) else None
+    return pool is not None and pool.k == 0
+
+
 def fastest_within_target(ctx: RouteContext, workers: Sequence[WorkerView]) -> list[WorkerView]:
     """The drafter workers at the highest applied k whose predicted TPOT meets ``ctx.tier``'s target (every one
     without a target); empty when none has published state that qualifies."""
@@ -86,7 +96,7 @@ class SpeculationFilter:
     async def __call__(self, ctx: RouteContext, workers: Sequence[WorkerView]) -> list[WorkerView]:
         mode = ctx.speculation
         if mode is SpeculationMode.OFF:
-            return [w for w in workers if serves_without_drafts(w)]
+            return [w for w in workers if serves_without_drafts(w) or pinned_free_k0(ctx, w)]
         if mode is SpeculationMode.FAST:
             return fastest_within_target(ctx, workers) or list(workers)
         return list(workers)
