@@ -86,6 +86,8 @@ class TierChange(BaseModel):
     """Unix seconds."""
     changed_by: str
     """The id of the admin key that made the change."""
+    version: int = 0
+    """As ``TenantChange.version``: 1 for the tier's first run-time change, one more for each later one."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,17 +13,26 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Body
+from fastapi import APIRouter, Body, Header
 from pydantic import BaseModel, ValidationError
 
 from fleet.config import ConfigError, TierConfig, parse_model
+from fleet.store.keys import DocVersionConflict
 from gateway.errors import InvalidRequest, NotFound
+from gateway.http import versions
 from gateway.http.deps import AdminDep, GatewayDep
-from gateway.http.openapi import ERROR_RESPONSES
+from gateway.http.openapi import ERROR_RESPONSES, ErrorBody
 from gateway.usage import audit
 from gateway.wiring import Gateway
 
-router = APIRouter(prefix="/admin/v1", responses=ERROR_RESPONSES)
+router = APIRouter(
+    prefix="/admin/v1",
+    responses={
+        **ERROR_RESPONSES,
+        409: {"model": ErrorBody, "description": "The tier changed since the body's version"},
+        412: {"model": ErrorBody, "description": "The tier changed since the version If-Match names"},
+    },
+)
 
 
 def _body_schema() -> dict[str, Any]:
@@ -33,6 +42,11 @@ def _body_schema() -> dict[str, Any]:
     properties = {
         name: defs[prop["$ref"].rsplit("/", 1)[-1]] if "$ref" in prop else prop
         for name, prop in schema["properties"].items()
+    }
+    properties[versions.VERSION_FIELD] = {
+        "type": "integer",
+        "minimum": 0,
+        "description": "The tier's version (GET /admin/v1/tiers) the change is made against; 409 when it moved on.",
     }
     body = {"type": "object", "properties": properties, "additionalProperties": False}
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": body}}}}
@@ -51,6 +65,9 @@ class TierView(BaseModel):
     """Unix seconds of the stored run-time change, if any."""
     changed_by: str | None
     """The admin key id that made it."""
+    version: int = 0
+    """The version of the tier's run-time change (0: none yet): send it back (``If-Match`` or ``version``) with a
+    change, which is refused if another admin changed the tier since."""
 
 
 class TierList(BaseModel):
@@ -68,6 +85,7 @@ def _view(gw: Gateway, name: str) -> TierView:
         superseded=prov is not None and prov.superseded,
         changed_at=change.changed_at if change else None,
         changed_by=change.changed_by if change else None,
+        version=gw.tenant_book.tier_version(name),
     )
 
 
@@ -89,14 +107,28 @@ async def list_tiers(_: AdminDep, gw: GatewayDep) -> TierList:
 
 
 @router.patch("/tiers/{tier}", openapi_extra=_body_schema())
-async def update_tier(tier: str, body: Annotated[dict[str, Any], Body()], who: AdminDep, gw: GatewayDep) -> TierView:
+async def update_tier(
+    tier: str,
+    body: Annotated[dict[str, Any], Body()],
+    who: AdminDep,
+    gw: GatewayDep,
+    if_match: Annotated[str | None, Header()] = None,
+) -> TierView:
     """Change some of a tier's fields (``null`` clears a target); every replica applies it within
-    ``tenants_refresh_s``, the controller from its next tick."""
+    ``tenants_refresh_s``, the controller from its next tick. Made against ``If-Match`` (or the body's ``version``):
+    412 (409) when another admin changed the tier since."""
     current = gw.tenants.tiers.get(tier)
     if current is None:
         raise NotFound(f"No tier '{tier}'.", param="tier")
+    body = dict(body)
+    expected, from_header = versions.expected_version(body, if_match)
     changed = _validated({**current.model_dump(), **body})
     now = gw.clock.wall()
     entry = audit.entry(who=who, action="tier.update", target=tier, now=now, changes=body)
-    await gw.tenant_book.save_tier(tier, changed, by=who, now=now, log=audit.LOG, entry=entry)
+    try:
+        await gw.tenant_book.save_tier(
+            tier, changed, by=who, now=now, log=audit.LOG, entry=entry, expect_version=expected
+        )
+    except DocVersionConflict as exc:
+        raise versions.refused(tier, exc, expected=expected, header=from_header, kind="Tier") from None
     return _view(gw, tier)

@@ -3,8 +3,10 @@ version (``fleet.tenants.TenantChange.version``, 0 before any), ``GET`` answers 
 or ``DELETE`` made against a version — ``If-Match: "<version>"`` or a ``version`` field in the body — is refused
 when the stored change has moved on: 412 for ``If-Match`` (RFC 9110), 409 ``version_conflict`` for the body field.
 The store checks the version in the same atomic step that writes the change (``Store.put_doc_logged``), so two
-editors of one version on two replicas cannot both win. A request with neither is made against the version this
-replica last read: a change stored meanwhile by another replica is refused (409), never silently undone.
+editors of one version on two replicas cannot both win. Tiers (``PATCH /admin/v1/tiers/{name}``) carry versions the
+same way (their ``version`` in ``GET /admin/v1/tiers``; ``If-Match`` or ``version`` on the PATCH). A request with
+neither is made against the version this replica last read: a change stored meanwhile by another replica is refused
+(409), never silently undone.
 """
 
 from __future__ import annotations
@@ -48,13 +50,18 @@ def expected_version(body: dict[str, Any], if_match: str | None) -> tuple[int | 
     return (from_header if from_header is not None else field), from_header is not None
 
 
-def refused(tenant_id: str, conflict: DocVersionConflict, *, expected: int | None, header: bool) -> Exception:
-    """The error for a change the store refused: it names the stored version and the one the change was made
-    against."""
-    made = f"made against version {conflict.expected}" if expected is not None else "made against this replica's copy"
+def refused(
+    name: str, conflict: DocVersionConflict, *, expected: int | None, header: bool, kind: str = "Tenant"
+) -> Exception:
+    """The error for a change of tenant (or tier: ``kind``) ``name`` the store refused: it names the stored version
+    and the one the change was made against."""
+    if expected is not None:
+        made = f"made against version {conflict.expected}"
+    else:
+        made = f"made against this replica's copy (version {conflict.expected})"
     message = (
-        f"Tenant '{tenant_id}' is at version {conflict.found}; the change was {made} ({conflict.expected}): another "
-        "admin changed it meanwhile. GET it again (its ETag) and re-apply the change."
+        f"{kind} '{name}' is at version {conflict.found}; the change was {made}: another admin changed it "
+        "meanwhile. GET it again (its version) and re-apply the change."
     )
     if header:
         return PreconditionFailed(message, param="If-Match")

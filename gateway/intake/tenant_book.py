@@ -110,11 +110,37 @@ class TenantBook:
         await self.refresh()
         return base + 1
 
-    async def save_tier(self, tier: str, config: TierConfig, *, by: str, now: float, log: str, entry: str) -> None:
+    def tier_version(self, tier: str) -> int:
+        """The version of the tier's stored run-time change as last read here (0: none)."""
+        prov = self.tier_provenance(tier)
+        return prov.change.version if prov is not None and isinstance(prov.change, TierChange) else 0
+
+    async def save_tier(
+        self,
+        tier: str,
+        config: TierConfig,
+        *,
+        by: str,
+        now: float,
+        log: str,
+        entry: str,
+        expect_version: int | None = None,
+    ) -> int:
         """Store tier ``tier`` as changed at run time by admin key ``by``, against the file's tier as it is now,
-        together with ``entry`` in ``log`` (one write), and put it in force here."""
+        together with ``entry`` in ``log`` (one write), and put it in force here; made against ``expect_version``
+        (None: the version last read here) as ``save``'s changes are. Returns the change's version."""
+        base = self.tier_version(tier) if expect_version is None else expect_version
         digest = entry_digest(self.file.tiers.get(tier))
-        change = TierChange(tier_name=tier, tier=config, file_digest=digest, changed_at=now, changed_by=by)
+        change = TierChange(
+            tier_name=tier, tier=config, file_digest=digest, changed_at=now, changed_by=by, version=base + 1
+        )
         body = change.model_dump_json()
-        await self._store.put_doc_logged(COLLECTION, tier_doc_id(tier), body, log=log, entry=entry, now=now)
+        try:
+            await self._store.put_doc_logged(
+                COLLECTION, tier_doc_id(tier), body, log=log, entry=entry, now=now, expect_version=base
+            )
+        except DocVersionConflict:
+            await self.refresh()
+            raise
         await self.refresh()
+        return base + 1

@@ -116,3 +116,36 @@ async def test_the_consoles_edit_form_sends_its_version_and_a_stale_save_is_refu
         assert (await api.get("/admin/v1/tenants/alpha")).json()["rpm"] == 7, "the other admin's change stands"
         r = await browser.post("/console/tenants/alpha", data={**form, "version": "1"}, follow_redirects=True)
         assert (await api.get("/admin/v1/tenants/alpha")).json()["rpm"] == 3
+
+
+async def test_a_tier_change_made_against_an_older_version_is_refused(
+    stores: tuple[Store, Store], upstreams: StartUpstreams
+) -> None:
+    (w,) = await upstreams(1)
+    fleet, tenants = make_fleet([w.url]), make_tenants()
+    async with (
+        serve_gateway(fleet, tenants, store=stores[0]) as ga,
+        serve_gateway(fleet, tenants, store=stores[1]) as gb,
+        ga.admin() as on_a,
+        gb.admin() as on_b,
+    ):
+        tiers = {t["name"]: t for t in (await on_a.get("/admin/v1/tiers")).json()["data"]}
+        assert tiers["batch"]["version"] == 0
+        answers = await asyncio.gather(
+            on_a.patch("/admin/v1/tiers/batch", json={"priority": 3}, headers={"if-match": '"0"'}),
+            on_b.patch("/admin/v1/tiers/batch", json={"priority": 4}, headers={"if-match": '"0"'}),
+        )
+        assert sorted(r.status_code for r in answers) == [200, 412], [r.text for r in answers]
+        winner = next(r for r in answers if r.status_code == 200).json()
+        assert winner["version"] == 1
+        stale = await on_a.patch("/admin/v1/tiers/batch", json={"priority": 5, "version": 0})
+        assert stale.status_code == 409
+        assert "Tier 'batch' is at version 1" in stale.json()["error"]["message"]
+        assert (await on_a.patch("/admin/v1/tiers/batch", json={"priority": 5, "version": 1})).status_code == 200
+
+
+async def test_the_consoles_tier_form_sends_its_version(upstreams: StartUpstreams) -> None:
+    (w,) = await upstreams(1)
+    async with serve_gateway(make_fleet([w.url]), make_tenants()) as g, logged_in(g) as (browser, _):
+        page = (await browser.get("/console/tiers")).text
+    assert re.search(r'name="version" value="0"', page), "the tier form carries no version"

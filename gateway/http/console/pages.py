@@ -123,6 +123,7 @@ async def tiers(request: Request, console: ConsoleDep, session: SessionDep, gw: 
     configs = {t.name: t.config for t in listed}
     context = {
         "tiers": views.tier_rows(configs, records, changed=[t.name for t in listed if t.changed_at_runtime]),
+        "versions": {t.name: t.version for t in listed},
         "preferences": [p.value for p in SpeculationPreference],
         "modes": [m.value for m in SpeculationMode],
         "session": session,
