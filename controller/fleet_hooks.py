@@ -119,6 +119,7 @@ class PlacementHook:
             estimate=rt.estimate,
             drafter_loaded=rt.drafter_loaded,
             movable=self.gear_modes is not None and self.gear_modes.may_move(rt.config.id),
+            idle_skip=rt.config.drafter.idle_skip,
         )
 
     async def tick(self, workers: Sequence[WorkerRuntime]) -> None:

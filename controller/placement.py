@@ -47,7 +47,7 @@ from controller.policy import Decision, Risk
 from controller.stabiliser import Action, ActionKind, StabiliserState
 from fleet.clock import Clock
 from fleet.config import SpeculationMode, TenantsConfig
-from fleet.perf import Profile
+from fleet.perf import IdleDrafterMode, Profile
 from fleet.plan import FleetPlan, PoolPlan, TrafficClass, class_tier, publish_plan, read_plans, traffic_class
 from fleet.speculation import FullSpeed
 from fleet.store.protocol import Store, UsageRecord
@@ -118,6 +118,8 @@ class WorkerSample:
     """The worker runs with its drafter loaded now."""
     movable: bool = False
     """The drafter-free gear may restart it into the other mode (``controller.gear_mode.GearModes.may_move``)."""
+    idle_skip: bool = False
+    """It runs the plugin's idle-drafter skip (``fleet.config.DrafterConfig.idle_skip``)."""
 
 
 def worker_gears(k_tiers: Iterable[int] | None, k_max: int, full_speed: FullSpeed | None) -> tuple[int, ...]:
@@ -355,7 +357,9 @@ class FleetPlacement:
         if built is None:
             return
         inp, acceptance = built
-        plan = _with_acceptance(plan_fleet(inp, self.config.planner()), acceptance)
+        mine = [s for s in samples if s.model == model]
+        idle = IdleDrafterMode.PLUGIN if mine and all(s.idle_skip for s in mine) else IdleDrafterMode.STOCK
+        plan = _with_acceptance(plan_fleet(inp, replace(self.config.planner(), idle_drafter=idle)), acceptance)
         await publish_plan(self._store, plan)
         if plan.version != version:
             log.info("model %s: plan v%d: %s", model, plan.version, plan.reason)
