@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import collections
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 from urllib.parse import unquote, urlsplit
 
 import hiredis
@@ -44,12 +44,11 @@ class _Protocol(asyncio.Protocol):
     def __init__(self) -> None:
         self.reader = hiredis.Reader(encoding="utf-8")
         self.waiting: collections.deque[asyncio.Future[Any]] = collections.deque()
-        self.transport: asyncio.Transport | None = None
+        self.transport: asyncio.WriteTransport | None = None
         self.lost: Exception | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = cast(asyncio.WriteTransport, transport)  # uvloop's TCPTransport is not an asyncio.Transport
 
     def data_received(self, data: bytes) -> None:
         self.reader.feed(data)

@@ -9,6 +9,7 @@ import uuid
 
 import pytest
 import redis.asyncio as aioredis
+import uvloop
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 
@@ -81,3 +82,14 @@ async def test_the_urls_database_is_selected(redis_url: str) -> None:
         await other.delete(key)
         await other.aclose()
         await conn.close()
+
+
+def test_it_runs_on_uvloop_as_the_gateway_does(redis_url: str) -> None:
+    async def round_trip() -> list[object]:
+        conn = RespConnection(redis_url)
+        try:
+            return [await conn.call("ECHO", "one"), *(await conn.pipeline([("ECHO", "two"), ("ECHO", "three")]))]
+        finally:
+            await conn.close()
+
+    assert uvloop.run(round_trip()) == ["one", "two", "three"]
