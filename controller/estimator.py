@@ -65,6 +65,10 @@ class Estimate:
     drafts_seen: float = 0.0
     batch: float = 0.0
     """Mean decoding sequences per step."""
+    batch_ahead: float = 0.0
+    """The batch the worker is heading for: the last window's decode batch plus its waiting requests, up to its
+    largest batch and to what its KV cache holds at the current context (0: unknown). Above ``batch`` while a
+    queue is being admitted, as on a load step, where the smoothed batch trails by several windows."""
     context_per_seq: float = 0.0
     prefill_per_token: float = 0.0
     """Prompt tokens prefilled per output token generated (workload mix), tokens/token."""
@@ -156,6 +160,9 @@ class WorkerEstimator:
     seen_at: list[int] = field(default_factory=list)
     """Per position, the window count when it was last drafted."""
     batch: float | None = None
+    batch_ahead: float = 0.0
+    max_num_seqs: int | None = None
+    """The worker's largest batch (set by the loop from its start-up schedule; None: unknown, no cap)."""
     context_per_seq: float | None = None
     prefill_per_token: float | None = None
     waiting: float | None = None
@@ -188,6 +195,7 @@ class WorkerEstimator:
         self.preemption_rate = _ewma(self.preemption_rate, w.preemptions / w.duration_s, a)
         if w.steps > 0:
             self.batch = _ewma(self.batch, w.decode_batch, a)
+            self.batch_ahead = self._ahead(w)
         if w.generation_tokens > 0:
             self.prefill_per_token = _ewma(self.prefill_per_token, w.prompt_tokens / w.generation_tokens, a)
         if w.running > 0:
@@ -271,6 +279,15 @@ class WorkerEstimator:
                 out.append(shifted)
         return tuple(out), observed
 
+    def _ahead(self, w: Window) -> float:
+        """``Estimate.batch_ahead`` after window ``w``."""
+        ahead = w.decode_batch + w.waiting
+        if self.max_num_seqs is not None:
+            ahead = min(ahead, float(self.max_num_seqs))
+        if w.kv_usage > 0:
+            ahead = min(ahead, w.decode_batch / w.kv_usage)  # the sequences the KV cache holds at this context
+        return max(ahead, w.decode_batch)
+
     def estimate(self, *, stale: bool = False, stale_for_s: float = 0.0) -> Estimate:
         conditional, observed = self.conditional()
         band = batch_band(self.batch or 0.0)
@@ -282,6 +299,7 @@ class WorkerEstimator:
             observed_positions=observed,
             drafts_seen=self.drafts_at[0] if self.drafts_at else 0.0,
             batch=self.batch or 0.0,
+            batch_ahead=self.batch_ahead,
             context_per_seq=self.context_per_seq or 0.0,
             prefill_per_token=self.prefill_per_token or 0.0,
             waiting=self.waiting or 0.0,

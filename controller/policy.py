@@ -171,7 +171,7 @@ def _predict(
     ttft_target: float | None = None,
     excluded_by: str = "",
 ) -> Candidate:
-    batch = max(est.batch, 1.0)
+    batch = max(est.batch, est.batch_ahead, 1.0)  # a queue being admitted: decide for the batch it makes
     al = expected_tokens_per_step(est.conditional, k)
     prefill = est.prefill_per_token * batch * al  # the prompts that follow the tokens this step emits
     raw = predict_step(

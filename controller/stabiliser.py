@@ -17,9 +17,13 @@ A pure step function ``stabilise(state, decision, estimate, now) -> (state, acti
    ``L · probe_s / probe_budget`` apart (and ``neighbour_probe_s``), so they spend at most ``probe_budget`` of
    the predicted goodput; the reason names the prediction and the cost. Not on an adaptive worker (its engine
    explores under the cap itself).
-6. **Normal**: a recommendation counts only if its predicted gain exceeds ``gain_threshold``; after
-   ``min_dwell_s`` at the current k, go up when the last ``up_ticks`` recommendations were all higher (to the
-   lowest of them), down when the last ``down_ticks`` were all lower (to the highest of them).
+6. **Normal**: a recommendation counts only if its predicted gain exceeds ``gain_threshold``; go up when the
+   last ``up_ticks`` recommendations were all higher (to the lowest of them), down when the last ``down_ticks``
+   were all lower (to the highest of them). The dwell guards reversals: a move against the last normal move
+   waits ``min_dwell_s`` at the current k, a move that continues it only ``continue_dwell_s``. Following a
+   load step takes several moves when the recommendations still straddle the old and new load (64 → 512
+   streams: k 3 → 2 → 0); each paid the full dwell before, which alone cost ~10 s at a losing k per step. A
+   reversal is what flapping is, so that is what the dwell bounds.
 """
 
 from __future__ import annotations
@@ -40,6 +44,10 @@ class StabiliserConfig(BaseModel):
     up_ticks: int = Field(3, ge=1)
     down_ticks: int = Field(2, ge=1)
     min_dwell_s: float = Field(10.0, ge=0)
+    """Seconds at a k before a normal move that reverses the last one (down after up, up after down)."""
+    continue_dwell_s: float = Field(4.0, ge=0)
+    """Seconds at a k before a normal move in the same direction as the last one (``min_dwell_s`` when that is
+    shorter)."""
     probe_interval_s: float = Field(120.0, gt=0)
     """Seconds between periodic probes; every probe is two switches, so this bounds their share of the switch
     rate (1 per worker-minute at 120 s)."""
@@ -83,6 +91,9 @@ class StabiliserState:
     last_probe_s: float = 0.0
     reprobe_at_s: float | None = None
     last_neighbour_probe_s: float = 0.0
+    direction: int = 0
+    """The last move's direction: +1 a normal move up, -1 down (a fast down counts), 0 none since the last
+    probe, stale default or plan, after which the next normal move waits the full dwell."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +107,10 @@ class Action:
         return self.kind is not ActionKind.HOLD
 
 
+_DIRECTED = frozenset({ActionKind.UP, ActionKind.DOWN, ActionKind.FAST_DOWN})
+"""The moves whose direction the dwell remembers (``StabiliserState.direction``)."""
+
+
 def initial_state(k: int, now: float) -> StabiliserState:
     """State for a worker first seen at ``now`` running ``k`` (its first probe is one interval away)."""
     return StabiliserState(k=k, since_s=now, last_probe_s=now, last_neighbour_probe_s=now)
@@ -106,7 +121,8 @@ def _switch(
 ) -> tuple[StabiliserState, Action]:
     if k == state.k:
         return replace(state, history=(), probe_until_s=None), Action(k, ActionKind.HOLD, reason)
-    new = replace(state, k=k, since_s=now, history=(), probe_until_s=None)
+    direction = (1 if k > state.k else -1) if kind in _DIRECTED else 0
+    new = replace(state, k=k, since_s=now, history=(), probe_until_s=None, direction=direction)
     return new, Action(k, kind, reason)
 
 
@@ -206,13 +222,19 @@ def _normal(
     wanted = decision.k if decision.gain >= cfg.gain_threshold else state.k
     history = (*state.history, wanted)[-max(cfg.up_ticks, cfg.down_ticks) :]
     state = replace(state, history=history)
-    if now - state.since_s < cfg.min_dwell_s:
-        return _hold(state, f"dwell: {now - state.since_s:.0f} s of {cfg.min_dwell_s:.0f} s at k={state.k}")
+    dwelt, short = now - state.since_s, min(cfg.continue_dwell_s, cfg.min_dwell_s)
+    if dwelt < short:
+        return _hold(state, f"dwell: {dwelt:.0f} s of {short:.0f} s at k={state.k}")
     ups = history[-cfg.up_ticks :]
     if len(ups) == cfg.up_ticks and all(k > state.k for k in ups):
+        if state.direction <= 0 and dwelt < cfg.min_dwell_s:
+            return _hold(state, f"dwell before reversing up: {dwelt:.0f} s of {cfg.min_dwell_s:.0f} s at k={state.k}")
         return _switch(state, min(ups), now, ActionKind.UP, decision.reason)
     downs = history[-cfg.down_ticks :]
     if len(downs) == cfg.down_ticks and all(k < state.k for k in downs):
+        if state.direction >= 0 and dwelt < cfg.min_dwell_s:
+            why = f"dwell before reversing down: {dwelt:.0f} s of {cfg.min_dwell_s:.0f} s at k={state.k}"
+            return _hold(state, why)
         return _switch(state, max(downs), now, ActionKind.DOWN, decision.reason)
     if wanted != state.k:
         return _hold(state, f"k={wanted} preferred, waiting for it to persist: {decision.reason}")

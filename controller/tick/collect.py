@@ -60,6 +60,7 @@ class Collector:
         self.metrics.stale.labels(wid).set(0)
         rt.window = None
         rt.estimator.adaptive = scrape.adaptive_verification is True
+        rt.estimator.max_num_seqs = rt.seqs
         rt.elapsed_s = scrape.at_s - rt.prev.at_s if rt.prev is not None else 0.0
         if rt.prev is not None and not rt.rebase:
             try:

@@ -178,3 +178,17 @@ def test_a_stale_memory_of_a_gear_is_replaced_by_fresh_evidence(lab_profile: Pro
         est.update(synthetic_window(lab_profile, rng, k=0, batch=8, truth=truth))
     est.update(synthetic_window(lab_profile, rng, k=1, batch=8, truth=truth, slowdown=0.5))
     assert est.estimate().correction_for(1) == pytest.approx(0.5, rel=1e-6)
+
+
+def test_the_batch_ahead_adds_the_queue_up_to_the_largest_batch_and_the_kv_cache(lab_profile: Profile) -> None:
+    rng = random.Random(3)
+    truth = conditional_acceptance(lab_profile, "chat", 1000)
+    est = WorkerEstimator("w0", lab_profile, 8)
+    ramp = replace(synthetic_window(lab_profile, rng, k=2, batch=64, truth=truth), waiting=400.0, kv_usage=0.2)
+    est.update(ramp)
+    assert est.estimate().batch_ahead == pytest.approx(64 / 0.2)  # the KV cache holds 320 such sequences
+    est.max_num_seqs = 256
+    est.update(ramp)
+    assert est.estimate().batch_ahead == 256.0  # the largest batch
+    est.update(replace(ramp, waiting=0.0))
+    assert est.estimate().batch_ahead == pytest.approx(64.0)  # no queue: the batch itself

@@ -52,11 +52,15 @@ async def _load(client: httpx.AsyncClient, stop: asyncio.Event, outcomes: list[i
 
 
 async def _watch(store: MemoryStore, stop: asyncio.Event, seen: list[tuple[str, str]]) -> None:
-    """Every distinct (mode, phase) of w0's record, in order."""
-    while not stop.is_set():
+    """Every distinct (mode, phase) of w0's record, in order, read once more after ``stop`` (the test stops
+    as soon as it has seen the last one itself, maybe before this task's next poll)."""
+    while True:
+        stopping = stop.is_set()
         mode = (await read_modes(store)).get("w0")
         if mode is not None and (not seen or seen[-1] != (mode.mode.value, mode.phase.value)):
             seen.append((mode.mode.value, mode.phase.value))
+        if stopping:
+            return
         await asyncio.sleep(0.01)
 
 

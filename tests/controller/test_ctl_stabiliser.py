@@ -16,7 +16,9 @@ from .ctl_helpers import make_estimate
 
 MEASURED = tuple(range(9))
 """Every gear's step time measured at the estimate's batch: no neighbour probe is due."""
-CFG = StabiliserConfig(up_ticks=3, down_ticks=2, min_dwell_s=10, probe_interval_s=60, probe_s=4, gain_threshold=0.05)
+CFG = StabiliserConfig(
+    up_ticks=3, down_ticks=2, min_dwell_s=10, continue_dwell_s=3, probe_interval_s=60, probe_s=4, gain_threshold=0.05
+)
 TICK = 2.0
 
 
@@ -177,3 +179,34 @@ def test_a_neighbour_predicted_to_lose_little_is_probed_sooner(lab_profile: Prof
     est = make_estimate(lab_profile, k_current=2, fresh_gears=(2,))
     _, a = stabilise(initial_state(2, 0.0), d, est, CFG.neighbour_probe_s + 1.0, CFG)
     assert (a.k, a.kind) == (3, ActionKind.PROBE), "the unmeasured neighbour with the higher prediction"
+
+
+def test_a_move_that_continues_the_last_one_waits_only_the_short_dwell(lab_profile: Profile) -> None:
+    # A load step whose recommendations still straddle the old load: 4 → 2 at once, then 0 as the window fills.
+    state = initial_state(4, 50.0)
+    state, actions = run(lab_profile, state, [decision(2), decision(2), decision(0), decision(0)])
+    assert actions[1] == (2, ActionKind.DOWN)
+    assert actions[3] == (0, ActionKind.DOWN)  # 4 s after the first move (continue_dwell_s), not min_dwell_s
+    assert CFG.continue_dwell_s < 2 * TICK < CFG.min_dwell_s
+
+
+def test_a_move_that_reverses_the_last_one_waits_the_full_dwell(lab_profile: Profile) -> None:
+    state, actions = run(lab_profile, initial_state(4, 90.0), [decision(2), decision(2)])
+    assert actions[-1] == (2, ActionKind.DOWN)
+    state, actions = run(lab_profile, state, [decision(6)] * 6, t0=104.0)
+    # The down was at 102 (run's t0 is 100). up_ticks (3) agree by 108, but the up reverses the down: it waits
+    # for 102 + min_dwell_s = 112.
+    assert [kind for _, kind in actions] == [ActionKind.HOLD] * 4 + [ActionKind.UP, ActionKind.HOLD]
+
+
+def test_a_dwell_shorter_than_the_continuation_dwell_bounds_both(lab_profile: Profile) -> None:
+    cfg = StabiliserConfig(min_dwell_s=2.0, continue_dwell_s=4.0, probe_interval_s=60, probe_s=4)
+    est = make_estimate(lab_profile)
+    state = initial_state(4, 97.0)
+    state, first = stabilise(state, decision(2), est, 100.0, cfg)
+    state, second = stabilise(state, decision(2), est, 101.0, cfg)  # down_ticks (2) agree, 4 s after the start
+    state, third = stabilise(state, decision(0), est, 103.0, cfg)
+    state, fourth = stabilise(state, decision(0), est, 104.0, cfg)  # 3 s after the last move: past min_dwell_s
+    assert [a.kind for a in (first, second, third, fourth)] == [
+        ActionKind.HOLD, ActionKind.DOWN, ActionKind.HOLD, ActionKind.DOWN,
+    ]  # fmt: skip
