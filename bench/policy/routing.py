@@ -120,7 +120,9 @@ class GatewayRouter(Router):
             placement=self._placement_filter(fleet, tiers, profile) if placement else None,
             rng=random.Random(seed),
         )
-        self._configs = {w.id: w for w in fleet.workers}
+        self._views = {w.id: WorkerView(config=w) for w in fleet.workers}
+        """One view per worker, kept across requests as the gateway's pool keeps them; ``_rank`` sets the fields
+        the lab knows before each request (nothing the router runs changes a view)."""
         self._tiers = tiers
         self._default_tier = next(iter(tiers.values()))
         self._clock = clock
@@ -157,17 +159,13 @@ class GatewayRouter(Router):
         states = self._states()
         modes = self._modes() if self._modes is not None else {}
         now_s = self._clock.monotonic()
-        views = [
-            WorkerView(
-                config=self._configs[w.worker_id],
-                in_flight=w.outstanding,
-                prefill_tokens=self._prefill_tokens(w),
-                state=states.get(w.worker_id),
-                healthy=w.offline_until_s <= now_s,
-                mode=modes.get(w.worker_id),
-            )
-            for w in workers
-        ]
+        views = [self._views[w.worker_id] for w in workers]
+        for w, view in zip(workers, views, strict=True):
+            view.in_flight = w.outstanding
+            view.prefill_tokens = self._prefill_tokens(w)
+            view.state = states.get(w.worker_id)
+            view.healthy = w.offline_until_s <= now_s
+            view.mode = modes.get(w.worker_id)
         ctx = RouteContext(model=workers[0].model_name, tier=tier, now=self._clock.wall(), traffic_class=cls, plan=plan)
         decision = drive(self._router.route(ctx, views), self._loop)
         if decision.ranked:

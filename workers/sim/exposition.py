@@ -22,6 +22,9 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 _LABELS = [names.LABEL_MODEL, names.LABEL_ENGINE]
 
+Sample = tuple[str, dict[str, str], float]
+"""One exposed sample: ``(name, labels, value)``."""
+
 # (family name, help text, attribute of EngineStats) — help texts are vLLM's own.
 _COUNTERS: tuple[tuple[str, str, str], ...] = (
     (names.SPEC_DECODE_NUM_DRAFTS, "Number of spec decoding drafts.", "num_drafts"),
@@ -93,6 +96,38 @@ class SimWorkerCollector(Collector):
             yield self._histogram(name, doc, getattr(st, attr))
         yield from self._speculation()
 
+    def samples(self) -> Iterator[Sample]:
+        """What ``collect()``'s families hold as samples, ``(name, labels, value)`` in the same order with the same
+        types, built without the families."""
+        st = self._stats()
+        model, engine = self._values
+        labels = {names.LABEL_MODEL: model, names.LABEL_ENGINE: engine}
+        yield names.NUM_REQUESTS_RUNNING, dict(labels), float(st.running)
+        yield names.NUM_REQUESTS_WAITING, dict(labels), float(st.waiting)
+        yield names.NUM_REQUESTS_WAITING_BY_REASON, {**labels, names.LABEL_REASON: "capacity"}, float(st.waiting)
+        yield names.NUM_REQUESTS_WAITING_BY_REASON, {**labels, names.LABEL_REASON: "deferred"}, 0.0
+        yield names.KV_CACHE_USAGE_PERC, dict(labels), st.kv_usage
+        for name, _, attr in _COUNTERS:
+            yield f"{name}_total", dict(labels), float(getattr(st, attr))
+        per_pos = f"{names.SPEC_DECODE_NUM_ACCEPTED_TOKENS_PER_POS}_total"
+        for pos, count in enumerate(st.accepted_per_pos):
+            yield per_pos, {**labels, names.LABEL_POSITION: str(pos)}, float(count)
+        for name, _, attr in _HISTOGRAMS:
+            acc: HistogramAccumulator = getattr(st, attr)
+            bucket = f"{name}_bucket"
+            last = 0.0
+            for bound, count in acc.cumulative():
+                last = float(count)
+                yield bucket, {**labels, "le": _le(bound)}, last
+            yield f"{name}_count", dict(labels), last
+            yield f"{name}_sum", dict(labels), acc.sum
+        ctl = self._control
+        for from_bs, to_bs, k_value in ctl.schedule:
+            yield names.WORKER_SPEC_K, {"from_bs": str(from_bs), "to_bs": str(to_bs)}, float(k_value)
+        yield names.WORKER_SPEC_VERSION, {}, float(ctl.version)
+        yield f"{names.WORKER_SPEC_LEASE_EXPIRED}_total", {}, float(ctl.lease_expiries)
+        yield names.WORKER_ADAPTIVE_VERIFICATION, {}, 1.0 if self._adaptive() else 0.0
+
     def _scheduler(self, st: EngineStats) -> Iterator[Metric]:
         running = GaugeMetricFamily(
             names.NUM_REQUESTS_RUNNING, "Number of requests in model execution batches.", labels=_LABELS
@@ -160,21 +195,27 @@ class SimWorkerMetrics:
         adaptive_verification: Callable[[], bool] = lambda: False,
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(
-            SimWorkerCollector(
-                stats,
-                control,
-                model_name=model_name,
-                engine_index=engine_index,
-                adaptive_verification=adaptive_verification,
-            )
+        collector = SimWorkerCollector(
+            stats,
+            control,
+            model_name=model_name,
+            engine_index=engine_index,
+            adaptive_verification=adaptive_verification,
         )
+        self.registry.register(collector)
+
+        self._collector = collector
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
-    def samples(self) -> Iterator[tuple[str, dict[str, str], float]]:
-        """The samples ``render()`` writes, as ``(name, labels, value)``, without the text."""
+    def samples(self) -> Iterator[Sample]:
+        """The samples ``render()`` writes, as ``(name, labels, value)``, without the text: built directly, without
+        the metric families (the lab's controller reads every worker this way at every tick)."""
+        return self._collector.samples()
+
+    def family_samples(self) -> Iterator[Sample]:
+        """The same samples read from the registry's metric families (the definition ``samples`` must equal)."""
         for family in self.registry.collect():
             for sample in family.samples:
                 yield sample.name, sample.labels, sample.value
