@@ -245,7 +245,7 @@ def test_candidates_are_the_advertised_full_speed_gears(lab_profile: Profile) ->
 def test_a_queue_being_admitted_is_decided_for_the_batch_it_makes(lab_profile: Profile) -> None:
     # A load step: the smoothed batch still says 1, the last window 1 running with 127 waiting.
     def k(**estimate: float) -> int:
-        return decide(make_estimate(lab_profile, **estimate), lab_profile, tpot_target_s=None, config=CFG).k
+        return decide(make_estimate(lab_profile, "maths", **estimate), lab_profile, tpot_target_s=None, config=CFG).k
 
     assert (k(batch=1.0), k(batch=1.0, batch_ahead=128.0)) == (8, k(batch=128.0))
     assert k(batch=128.0) == 0
