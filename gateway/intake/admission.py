@@ -302,10 +302,13 @@ class Admitter:
                 drawn.append(limit)
                 if ticket.tpm is not None and limit.key == ticket.tpm.key:
                     ticket.leased_tpm, ticket.tpm = ticket.tpm, None
-            elif isinstance(limit, BudgetLimit) and leases.budget_covered(
-                replace(limit, pending_usd=self._unbilled.get(_unbilled_key(limit.key), 0.0))
+            elif (
+                isinstance(limit, BudgetLimit)
+                and not rest
+                and leases.budget_covered(replace(limit, pending_usd=self._unbilled.get(_unbilled_key(limit.key), 0.0)))
             ):
-                pass
+                pass  # when the request asks the store anyway (``rest``: the budget comes last), the budget rides
+                # along: checked exactly, and the answer refreshes the lease's spend (no read of its own)
             else:
                 rest.append(limit)
         return rest, drawn

@@ -184,3 +184,17 @@ async def test_redis_runs_at_most_one_command_per_request_of_a_sequential_client
                 assert total <= N * per_request + background, (tenant, total, elapsed_s)
     finally:
         await store.close()
+
+
+async def test_a_budget_rides_on_the_admits_a_request_makes_anyway() -> None:
+    clock = ManualClock()
+    store = CountingStore(clock=clock)
+    leases = LeaseBook(store, clock, share=lambda: 1.0)
+    admitter = Admitter(store, clock=clock, metrics=GatewayMetrics(), leases=leases)
+    tenant = TenantConfig(id="acme", tier="standard", budget_usd=1_000.0, max_concurrency=4)
+    for i in range(N):
+        ticket = await admitter.admit(tenant, request_id=f"r{i}", tokens=20)
+        await leases.idle()
+        await admitter.finish(ticket, used_tokens=15, cost_usd=0.001)
+        clock.advance(1.0)  # past half the budget lease's 2 s each time: a lease alone would read the spend again
+    assert store.calls["admit"] == N  # the slot admits, each checking the budget too: no spend reads of their own
