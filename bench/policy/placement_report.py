@@ -19,7 +19,7 @@ from bench.markdown import fmt, pct, table
 from bench.policy import placement
 from bench.policy.run_metrics import RunMetrics
 from bench.policy.scenario import Scenario
-from bench.policy.suite import BEST_PLACEMENT, CONTROLLER, FLEET_PLACEMENT, SuiteResult, static_name
+from bench.policy.suite import BEST_PLACEMENT, CONTROLLER, FLEET_PLAN, SuiteResult, static_name
 
 MIN_WORKERS = 4
 UNIFORM_GAIN = 1.15
@@ -49,9 +49,9 @@ def checks(result: SuiteResult) -> list[tuple[str, str, str, bool | None]]:
     """(target, scenario, figures, met; None: not counted) for every scenario in scope."""
     out: list[tuple[str, str, str, bool | None]] = []
     for sc in result.scenarios:
-        if not in_scope(sc) or (sc.name, FLEET_PLACEMENT) not in result.runs:
+        if not in_scope(sc) or (sc.name, FLEET_PLAN) not in result.runs:
             continue
-        fp, ctl = result.runs[sc.name, FLEET_PLACEMENT], result.runs[sc.name, CONTROLLER]
+        fp, ctl = result.runs[sc.name, FLEET_PLAN], result.runs[sc.name, CONTROLLER]
         uni, ceil = _best_uniform(result, sc.name), result.runs[sc.name, BEST_PLACEMENT]
         gain, headroom = _ratio(fp.goodput_tok_s, uni.goodput_tok_s), _ratio(ceil.goodput_tok_s, uni.goodput_tok_s)
         value = f"{gain:.2f}× {uni.policy} ({fmt(fp.goodput_tok_s)} vs {fmt(uni.goodput_tok_s)} tok/s)"
@@ -79,7 +79,7 @@ def _ceiling_line(result: SuiteResult, sc: Scenario) -> str:
 def section(result: SuiteResult) -> list[str]:
     """The placement section of one profile (empty when no scenario has a placement run)."""
     mine = [sc for sc in result.scenarios if placement.is_mixed_tier(sc)]
-    if not mine or not any((sc.name, FLEET_PLACEMENT) in result.runs for sc in mine):
+    if not mine or not any((sc.name, FLEET_PLAN) in result.runs for sc in mine):
         return []
     found = checks(result)
     summary = []
@@ -91,7 +91,7 @@ def section(result: SuiteResult) -> list[str]:
     detail = [[t, s, v, "—" if m is None else ("met" if m else "**not met**")] for t, s, v, m in found]
     rows = []
     for sc in mine:
-        fp, ctl = result.runs[sc.name, FLEET_PLACEMENT], result.runs[sc.name, CONTROLLER]
+        fp, ctl = result.runs[sc.name, FLEET_PLAN], result.runs[sc.name, CONTROLLER]
         uni = _best_uniform(result, sc.name)
         ceil = result.runs[sc.name, BEST_PLACEMENT]
         att = ", ".join(f"{t} {pct(v)}" for t, v in fp.sla_attainment.items())

@@ -12,7 +12,7 @@ from bench.policy.suite import (
     BEST_FLEET_PLAN,
     CONTROLLER,
     CONTROLLER_ADAPTIVE,
-    FLEET_PLACEMENT,
+    FLEET_PLAN,
     ORACLE,
     PLUGIN_CONTROLLER,
     SuiteResult,
@@ -42,7 +42,7 @@ def _g(result: SuiteResult, scenario: str, policy: str) -> str:
 def _references_table(result: SuiteResult) -> str:
     header = ["scenario", "operator", "operator (tiled)", "oracle"]
     header += [f"best-fleet-plan @{s:g}× restart" for s in RESTART_SCALES]
-    header += [f"{FLEET_PLACEMENT} (tiled)", FLEET_PLACEMENT, CONTROLLER, PLUGIN_CONTROLLER, ADAPTIVE]
+    header += [f"{FLEET_PLAN} (tiled)", FLEET_PLAN, CONTROLLER, PLUGIN_CONTROLLER, ADAPTIVE]
     header += [CONTROLLER_ADAPTIVE]
     rows = []
     for sc in result.scenarios:
@@ -50,7 +50,7 @@ def _references_table(result: SuiteResult) -> str:
         oracle = result.reference(sc.name, ORACLE).goodput_tok_s
         row = [sc.name, f"{fmt(op.goodput_tok_s)} ({op.policy})", fmt(tiled_goodput(op)), fmt(oracle)]
         row += [fmt(result.reference(sc.name, BEST_FLEET_PLAN, s).goodput_tok_s) for s in RESTART_SCALES]
-        row.append(fmt(tiled_goodput(result.runs[sc.name, FLEET_PLACEMENT])))
+        row.append(fmt(tiled_goodput(result.runs[sc.name, FLEET_PLAN])))
         row += [_g(result, sc.name, p) for p in header[5 + len(RESTART_SCALES) :]]
         rows.append(row)
     return table(header, rows, align="l" + "r" * (len(header) - 1))
@@ -68,7 +68,7 @@ def _plans_table(result: SuiteResult) -> str:
 def _surge_lines(result: SuiteResult, plot: str | None) -> list[str]:
     if plot is None:
         return []
-    m = result.runs[SURGE, FLEET_PLACEMENT]
+    m = result.runs[SURGE, FLEET_PLAN]
     sc = next(s for s in result.scenarios if s.name == SURGE)
     lines = [f"#### {SURGE}: the fleet plan over time — {result.profile}", "", f"![{SURGE}]({plot})", ""]
     rows = []

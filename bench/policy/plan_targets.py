@@ -1,7 +1,7 @@
 """Issue 25's and issue 24's targets, per profile, against the honest references (met / not met, with the
 figures that decide it and, where missed, the ceiling in numbers).
 
-- ``T_OPERATOR``: the fleet plan (``fleet-placement``) ≥ 0.98× the best of what an operator already has (the
+- ``T_OPERATOR``: the fleet plan (``fleet-plan``) ≥ 0.98× the best of what an operator already has (the
   best uniform static k, vLLM's tuned table, ``no-drafter``) on every scenario;
 - ``T_GAIN``: ≥ 1.10× that best on the scenarios marked ``plan_gain`` (the day-long and steady-batch ones);
 - ``T_CEILING``: ≥ 97 % of ``best-fleet-plan`` (``bench.policy.references``), at each restart scale;
@@ -25,7 +25,7 @@ from bench.policy.suite import (
     BEST_FLEET_PLAN,
     CONTROLLER,
     CONTROLLER_ADAPTIVE,
-    FLEET_PLACEMENT,
+    FLEET_PLAN,
     NO_DRAFTER,
     OPERATOR,
     PLUGIN_CONTROLLER,
@@ -70,7 +70,7 @@ def _ceiling_note(result: SuiteResult, scenario: str) -> str:
 
 
 def _operator_checks(result: SuiteResult, sc: Scenario) -> list[Check]:
-    plan, op = result.runs[sc.name, FLEET_PLACEMENT], operator_best(result, sc.name)
+    plan, op = result.runs[sc.name, FLEET_PLAN], operator_best(result, sc.name)
     got = _ratio(plan.goodput_tok_s, op.goodput_tok_s)
     value = f"{got:.3f}× {op.policy} ({fmt(plan.goodput_tok_s)} vs {fmt(op.goodput_tok_s)} tok/s)"
     met = got >= OPERATOR_SHARE
@@ -82,7 +82,7 @@ def _operator_checks(result: SuiteResult, sc: Scenario) -> list[Check]:
 
 
 def _ceiling_checks(result: SuiteResult, sc: Scenario) -> list[Check]:
-    plan = tiled_goodput(result.runs[sc.name, FLEET_PLACEMENT])
+    plan = tiled_goodput(result.runs[sc.name, FLEET_PLAN])
     out = []
     for scale in RESTART_SCALES:
         ref = result.reference(sc.name, BEST_FLEET_PLAN, scale)
@@ -132,7 +132,7 @@ def checks(result: SuiteResult) -> list[Check]:
     """Every target of issues 25 and 24 on every scenario of the profile."""
     out: list[Check] = []
     for sc in result.scenarios:
-        if (sc.name, FLEET_PLACEMENT) in result.runs:
+        if (sc.name, FLEET_PLAN) in result.runs:
             out += _operator_checks(result, sc) + _ceiling_checks(result, sc)
         if (sc.name, CONTROLLER_ADAPTIVE) in result.runs:
             out.append(_adaptive_check(result, sc))

@@ -12,7 +12,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from bench.policy.frontier import FRONTIER_SCENARIO
-from bench.policy.suite import CONTROLLER, FLEET_PLACEMENT, SuiteResult, static_name
+from bench.policy.suite import CONTROLLER, FLEET_PLAN, SuiteResult, static_name
 
 
 def plot_goodput(result: SuiteResult, path: Path) -> None:
@@ -108,7 +108,7 @@ def plot_k_over_time(result: SuiteResult, path: Path) -> None:
 def plot_plan_over_time(result: SuiteResult, scenario: str, path: Path) -> None:
     """The fleet plan on ``scenario``: each worker's k (the plan's gear, or its per-worker loop's) over time
     against the fleet's load (requests running + waiting), phase boundaries marked."""
-    m = result.runs[scenario, FLEET_PLACEMENT]
+    m = result.runs[scenario, FLEET_PLAN]
     sc = next(s for s in result.scenarios if s.name == scenario)
     fig, ax = plt.subplots(figsize=(10, 3.2), constrained_layout=True)
     load_ax = ax.twinx()
@@ -126,7 +126,9 @@ def plot_plan_over_time(result: SuiteResult, scenario: str, path: Path) -> None:
     ax.set_ylabel("k")
     load_ax.set_ylabel("running + waiting (fleet)")
     ax.set_xlabel("virtual seconds")
-    ax.set_title(f"{scenario} on {result.profile}: {FLEET_PLACEMENT}, every worker with its drafter", fontsize=9)
+    ax.set_title(
+        f"{scenario} on {result.profile}: {FLEET_PLAN}, pools, gears and drafter modes by the plan", fontsize=9
+    )
     ax.legend(fontsize=7, loc="upper left")
     fig.savefig(path, dpi=90)
     plt.close(fig)

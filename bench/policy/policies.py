@@ -17,7 +17,7 @@ lab (``workers.sim.virtual.TickContext``), where it may apply a ``SpeculationUpd
 
 ``LAB_POLICIES`` names the policies that need no tuning to the scenario (the suite runs every one of them).
 The interface itself is ``bench.policy.lab_policy``; the controller's policy is ``bench.policy.controller_policy``
-and the placing ones ``bench.policy.fleet_placement`` (both re-exported here).
+and the placing ones ``bench.policy.fleet_placement`` and ``bench.policy.fleet_plan_lab``.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from bench.policy.controller_policy import ControllerPolicy, enable_adaptive_verification, tenants_for
-from bench.policy.fleet_placement import FleetPlacementPolicy
 from bench.policy.lab_policy import NO_STATES, LabContext, LabPolicy, Passive
 from fleet.speculation import Schedule, SpeculationUpdate, uniform_schedule, validate_schedule
 from workers.sim.virtual import TickContext, VirtualWorker
@@ -130,8 +129,8 @@ LAB_POLICIES: Mapping[str, Callable[[], LabPolicy]] = MappingProxyType(
         "gearshift": ControllerPolicy,
         "adaptive": AdaptiveVerificationPolicy,
         "gearshift+adaptive": lambda: ControllerPolicy(name="gearshift+adaptive", adaptive_verification=True),
-        "fleet-placement": FleetPlacementPolicy,
     }
 )
 """Policy name → a fresh instance, for the policies that need no tuning to the scenario: the controller alone,
-adaptive verification alone, both together, and the fleet planner above the controller."""
+adaptive verification alone and both together. The fleet plan (``bench.policy.fleet_plan_lab``, which needs
+this module) is added by the suite."""

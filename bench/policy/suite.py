@@ -47,6 +47,7 @@ from importlib import resources
 
 from bench.policy import load, placement, references
 from bench.policy.capacity import MixPoint, best_k, max_batch, throughput
+from bench.policy.fleet_plan_lab import FleetPlanPolicy
 from bench.policy.lab import mix_point, run_policy
 from bench.policy.policies import LAB_POLICIES, ControllerPolicy, LabPolicy, PhaseOracle, StaticSchedule
 from bench.policy.run_metrics import RunMetrics, summarise
@@ -74,7 +75,9 @@ OPERATOR = ("best-uniform-static", TABLE, "no-drafter")
 NO_DRAFTER = "no-drafter"
 BEST_UNIFORM = "best-uniform-static"
 BEST_PLACEMENT = "best-static-placement"
-FLEET_PLACEMENT = "fleet-placement"
+FLEET_PLAN = "fleet-plan"
+"""The fleet plan: the real controller's joint planner, forecast and drafter-free moves
+(``bench.policy.fleet_plan_lab``)."""
 
 
 def static_name(k: int) -> str:
@@ -137,7 +140,7 @@ def baseline_policies(profile: Profile, scenario: Scenario) -> list[LabPolicy]:
     out: list[LabPolicy] = [StaticSchedule.plain(k) for k in static_ks(profile)]
     out += [vllm_table(profile, scenario), threshold_gate(profile, scenario)]
     out.append(StaticSchedule(NO_DRAFTER, ((1, 1_000_000, 0),), drafter=False))
-    return out + [make() for make in LAB_POLICIES.values()]
+    return out + [make() for make in LAB_POLICIES.values()] + [FleetPlanPolicy()]
 
 
 def oracle_ks(scenario: Scenario, statics: Sequence[RunMetrics]) -> dict[str, int]:
@@ -211,7 +214,17 @@ class SuiteResult:
             if p not in seen:
                 seen.append(p)
         order = [static_name(k) for k in self.static_ks]
-        order += [TABLE, "gate", NO_DRAFTER, *LAB_POLICIES, PLUGIN_K0, PLUGIN_CONTROLLER, ORACLE_K, BEST_UNIFORM]
+        order += [
+            TABLE,
+            "gate",
+            NO_DRAFTER,
+            *LAB_POLICIES,
+            FLEET_PLAN,
+            PLUGIN_K0,
+            PLUGIN_CONTROLLER,
+            ORACLE_K,
+            BEST_UNIFORM,
+        ]
         order += [BEST_PLACEMENT]
         return sorted(seen, key=lambda p: order.index(p) if p in order else len(order))
 

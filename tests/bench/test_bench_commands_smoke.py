@@ -48,7 +48,7 @@ def test_bench_policies_smoke(tmp_path: Path) -> None:
     tp16, mi355x = "kimi-k3-dspark-tp16", "kimi-k3-dspark-mi355x-tp8"
     header, rows = parse_table(md, f"### Goodput table — {tp16}")
     assert header == ["scenario", "k=0", "k=1", "k=2", "k=4", "k=7", "vllm-table", "gate", "no-drafter", "gearshift",
-                      "adaptive", "gearshift+adaptive", "fleet-placement", "k=0@plugin", "gearshift@plugin",
+                      "adaptive", "gearshift+adaptive", "fleet-plan", "k=0@plugin", "gearshift@plugin",
                       "oracle-k", "best-uniform-static", "best-static-placement"]  # fmt: skip
     assert [r[0] for r in rows] == ["phase-shift"], "the MI355X-only sweep is not run on tp16"
     _, rows = parse_table(md, f"### Goodput table — {mi355x}")

@@ -20,7 +20,7 @@ from bench.policy.suite import (
     BEST_UNIFORM,
     CONTROLLER,
     CONTROLLER_ADAPTIVE,
-    FLEET_PLACEMENT,
+    FLEET_PLAN,
     NO_DRAFTER,
     PLUGIN_CONTROLLER,
     TABLE,
@@ -64,7 +64,7 @@ def _result(**override: tuple[float, float]) -> SuiteResult:
         static_name(4): (200.0, 150.0),
         TABLE: (200.0, 150.0),
         NO_DRAFTER: (150.0, 300.0),
-        FLEET_PLACEMENT: (200.0, 290.0),
+        FLEET_PLAN: (200.0, 290.0),
         CONTROLLER: (200.0, 250.0),
         PLUGIN_CONTROLLER: (200.0, 295.0),
         ADAPTIVE: (190.0, 200.0),
@@ -100,7 +100,7 @@ def test_a_plan_near_its_ceiling_meets_every_target() -> None:
 
 
 def test_a_miss_reports_the_ceiling_in_numbers() -> None:
-    result = _result(**{FLEET_PLACEMENT: (150.0, 250.0)})
+    result = _result(**{FLEET_PLAN: (150.0, 250.0)})
     miss = next(c for c in checks(result) if c.target == T_OPERATOR)
     assert not miss.met
     assert "0.889× no-drafter" in miss.value
@@ -109,7 +109,7 @@ def test_a_miss_reports_the_ceiling_in_numbers() -> None:
 
 
 def test_the_ceiling_falls_with_the_restart_cost() -> None:
-    result = _result(**{FLEET_PLACEMENT: (200.0, 276.0)})  # 238
+    result = _result(**{FLEET_PLAN: (200.0, 276.0)})  # 238
     ceiling = {c.scenario: c.met for c in checks(result) if c.target == T_CEILING}
     # 0.25×: (200 + 300 − 7.5) / 2 = 246.25 (238 = 96.6 %, missed); 1×: 235; 3×: k=4 then no-drafter gives
     # (200 + 300 − 90) / 2 = 205, below no-drafter throughout (225)
