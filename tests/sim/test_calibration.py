@@ -5,6 +5,7 @@ predicted, and every profile keeps predicted figures whose checks can fail."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import pytest
@@ -37,15 +38,21 @@ NODE = load_profile(B300)
 PROFILES = [DEFAULT, MI355X, B300]
 
 
+@functools.cache
+def simulated(name: str) -> tuple[FigureResult, ...]:
+    """Each profile's figures simulated once for the module (seeded: the same run every time; the tests only read
+    it). The figures command's tests still run their own, through the CLI."""
+    return tuple(simulate_figures(load_profile(name)))
+
+
 @pytest.fixture(scope="module", params=PROFILES)
 def profile_results(request: pytest.FixtureRequest) -> tuple[Profile, list[FigureResult]]:
-    profile = load_profile(request.param)
-    return profile, simulate_figures(profile)
+    return load_profile(request.param), list(simulated(request.param))
 
 
 @pytest.fixture(scope="module")
 def results() -> dict[str, FigureResult]:
-    return {r.figure: r for r in simulate_figures(PROFILE)}
+    return {r.figure: r for r in simulated(DEFAULT)}
 
 
 def published_values(path: Path) -> list[float]:
@@ -113,7 +120,7 @@ def test_every_asserted_figure_is_reproduced_within_its_tolerance(
 
 
 def test_the_mi355x_concurrency_4_point_and_no_speculation_figures_are_reported_not_asserted() -> None:
-    results = simulate_figures(AMD)
+    results = simulated(MI355X)
     reported = {r.figure for r in results if not r.asserted}
     assert all("concurrency 4" in name or name.endswith("k=0") for name in reported)
     assert sum("concurrency 4" in name for name in reported) == 3
