@@ -38,12 +38,21 @@ from .conftest import CONTROL_TOKEN
 
 pytestmark = [pytest.mark.vllm, pytest.mark.heavy, pytest.mark.timeout(1500)]
 
-GEARS = DrafterFreeConfig(
-    enabled=True, dwell_factor=1.0, min_dwell_s=0.0, drain_grace_s=1.0, headroom=1.0, forbidden=frozenset({"sim-0"})
-)
-"""The rule at once (1 × a nominal 1 s restart); the simulated worker stays as it was started and carries the load."""
 MOVE_TIMEOUT_S = 600.0
 """A move includes one vLLM start (20–30 s on an idle 2-core machine, minutes on a loaded one)."""
+NOMINAL_RESTART_S = 1.0
+WORKER_TIMEOUT_S = 30.0
+"""Every call of the test to the worker itself. The plugin answers GET /gearshift/v1/speculation from the engine,
+between two steps: at load 11 a freshly restarted worker's first steps under the test's load passed httpx's
+implicit 5 s (ReadTimeout after the move back to the drafter)."""
+GEARS = DrafterFreeConfig(
+    enabled=True, dwell_factor=1.0, min_dwell_s=0.0, drain_grace_s=1.0, headroom=1.0, forbidden=frozenset({"sim-0"}),
+    restart_timeout_factor=MOVE_TIMEOUT_S / NOMINAL_RESTART_S,
+)  # fmt: skip
+"""The rule at once (1 × a nominal 1 s restart); the simulated worker stays as it was started and carries the load.
+A restart is given up only past the test's own limit for a move: with the default factor (3 × 1 s) every real
+start was given up after 3 s, the worker served as before, and the rule moved it again while the supervisor was
+still starting it (drafter-free restarts in a loop until the test's timeout)."""
 
 
 async def _load(client: httpx.AsyncClient, stop: asyncio.Event, outcomes: list[int]) -> None:
@@ -56,7 +65,7 @@ async def _load(client: httpx.AsyncClient, stop: asyncio.Event, outcomes: list[i
 async def _observe(http: httpx.AsyncClient, url: str, wid: str) -> GearObservation:
     """What the controller would see: requests running or waiting from the worker's real ``/metrics``."""
     try:
-        resp = await http.get(f"{url}/metrics", timeout=30.0)
+        resp = await http.get(f"{url}/metrics", timeout=WORKER_TIMEOUT_S)
         resp.raise_for_status()
         scrape = parse_worker_metrics(resp.text, at_s=0.0, model="tiny")
     except (httpx.HTTPError, ValueError):
@@ -105,13 +114,13 @@ async def test_drain_restart_without_the_drafter_and_back_on_real_vllm(tiny_mode
     store = MemoryStore(clock=clock)
     try:
         async with (
-            httpx.AsyncClient() as http,
+            httpx.AsyncClient(timeout=WORKER_TIMEOUT_S) as http,
             serve_gateway(
                 fleet, make_tenants(), store=store, clock=clock, first_byte_timeout_s=60.0, request_timeout_s=120.0
             ) as gw,
         ):
             gears = GearModes(
-                workers=fleet.workers, restart_s={"tiny-0": 1.0}, config=GEARS,
+                workers=fleet.workers, restart_s={"tiny-0": NOMINAL_RESTART_S}, config=GEARS,
                 restarter=HttpRestarter(http, control_token=CONTROL_TOKEN), store=store, clock=clock,
             )  # fmt: skip
             urls = {"tiny-0": vllm.url, "sim-0": sim.url}
@@ -149,7 +158,7 @@ async def _served(http: httpx.AsyncClient, url: str, client: httpx.AsyncClient) 
         (
             await client.post("/v1/completions", json={"model": "tiny", "prompt": "x", "max_tokens": 4})
         ).raise_for_status()
-        text = (await http.get(f"{url}/metrics", timeout=30.0)).text
+        text = (await http.get(f"{url}/metrics", timeout=WORKER_TIMEOUT_S)).text
         served = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                      if line.startswith("vllm:request_success_total"))  # fmt: skip
         if served > 0:
