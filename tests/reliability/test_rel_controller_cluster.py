@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import RedisError
 
 from bench.procs import Proc, start_redis_cluster
 from fleet.store.redis import RedisStore
@@ -26,12 +27,20 @@ pytestmark = [pytest.mark.redis, pytest.mark.cluster, pytest.mark.heavy]
 
 
 async def _published_after(store: RedisStore, worker: str, at: float) -> bool:
-    state = (await store.worker_states()).get(worker)
+    """The probe reads the cluster as any client does: while a replica is promoted it answers CLUSTERDOWN (seen at
+    load 9), which is "not yet", not a failure of the controllers under test."""
+    try:
+        state = (await store.worker_states()).get(worker)
+    except RedisError:
+        return False
     return state is not None and state.updated_at > at
 
 
 async def _led(store: RedisStore) -> bool:
-    return await store.lease_holder("controller") is not None
+    try:
+        return await store.lease_holder("controller") is not None
+    except RedisError:  # as above
+        return False
 
 
 async def test_leadership_and_worker_state_survive_the_lease_masters_death_and_a_leader_kill(
@@ -60,6 +69,10 @@ async def test_leadership_and_worker_state_survive_the_lease_masters_death_and_a
             ctl = {name: _controller(name, env, procs, tmp_path) for name in ("ctl-a", "ctl-b")}
             await eventually(lambda: _led(store), timeout_s=20)
             await eventually(lambda: _published_after(store, "w0", 0.0), timeout_s=10)
+            # Counted from here: the test's own first lease may lapse before a controller renews it when a controller's
+            # start-up (seconds of imports) outlasts it on a loaded machine; that is not the failover's doing.
+            lapsed_before = _metric((await c.get("/metrics")).text, "gearshift_worker_spec_lease_expired_total")
+            assert lapsed_before is not None
 
             victim.kill()
             killed_at, killed_wall = time.monotonic(), time.time()
@@ -70,8 +83,9 @@ async def test_leadership_and_worker_state_survive_the_lease_masters_death_and_a
             standby = "ctl-b" if leader == "ctl-a" else "ctl-a"
             assert all(p.alive() for p in ctl.values()), "a controller died with the store's master"
             lapsed = _metric((await c.get("/metrics")).text, "gearshift_worker_spec_lease_expired_total")
-            print(f"lease master killed: worker state published again after {republished_s:.2f} s")
-            assert lapsed == 0, "the worker's schedule lease lapsed while the cluster failed over"
+            print(f"lease master killed: worker state published again after {republished_s:.2f} s; "
+                  f"worker leases lapsed before the kill {lapsed_before:g}, after {lapsed}")  # fmt: skip
+            assert lapsed == lapsed_before, "the worker's schedule lease lapsed while the cluster failed over"
 
             ctl[leader].kill()
             killed_at, killed_wall = time.monotonic(), time.time()
