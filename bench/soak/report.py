@@ -37,6 +37,8 @@ def errors_by_type(result: SoakResult) -> tuple[Counter[str], Counter[str]]:
         if f.result.ok:
             continue
         kind = f.result.error_type
+        if f.result.transport_error is not None:  # which failure: the exception's class (its repr's head)
+            kind = f"transport:{f.result.transport_error.split('(', 1)[0]}"
         if f.result.status == 429 and f.tenant in result.limited_tenants:
             intended[kind] += 1
         else:
