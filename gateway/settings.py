@@ -48,6 +48,10 @@ class GatewaySettings(CommonSettings):
     # shared store outages
     store_failure_mode: Literal["open", "closed"] = "open"
     """When the shared store fails during admission: ``open`` serves on process-local limits, ``closed`` answers 503."""
+    store_timeout_s: Annotated[float, Field(gt=0)] = 2.0
+    """Longest an admission waits for the shared store before treating it as failed (``store_failure_mode``): a
+    store that hangs (a frozen or partitioned Redis keeps its connections open and answers nothing) fails like one
+    that refuses. A grant that lands after the deadline is given back."""
     local_limit_share: Annotated[float, Field(gt=0, le=1)] = 1.0
     """Share of each tenant limit this replica enforces on its own while failing open (1/N for N replicas);
     ``gateway_replicas`` lowers it to 1/N by itself."""

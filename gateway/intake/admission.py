@@ -20,6 +20,7 @@ refused with 503 (docs/operations/outages.md states the bound per limit).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
@@ -147,8 +148,11 @@ class Admitter:
         slot_ttl_s: float = 600.0,
         leases: LeaseBook | None = None,
         batch: bool = False,
+        store_timeout_s: float = 2.0,
     ) -> None:
         self._store = store
+        self._store_timeout_s = store_timeout_s
+        """The deadline of one admit call to the store (``GatewaySettings.store_timeout_s``)."""
         self._ask = AdmitBatcher(store).admit if batch else store.admit
         """The store's admit, batched per event-loop tick with ``batch`` (``gateway.intake.admit_batch``)."""
         self.leases = leases
@@ -188,7 +192,7 @@ class Admitter:
         return cls(store, clock=clock, metrics=metrics, failure_mode=settings.store_failure_mode,
                    local_share=replicas.share, concurrency_grace_s=settings.concurrency_grace_s,
                    slot_ttl_s=settings.slot_ttl_s(),
-                   leases=leases, batch=True)  # fmt: skip
+                   leases=leases, batch=True, store_timeout_s=settings.store_timeout_s)  # fmt: skip
 
     async def admit(self, tenant: TenantConfig, *, request_id: str, tokens: int) -> Ticket:
         """Reserve every limit of ``tenant`` or raise ``RateLimited`` / ``BudgetExceeded`` naming the limit."""
@@ -235,7 +239,8 @@ class Admitter:
         concurrency refusal), every slot of this replica's finished requests whose release has not landed."""
         limits = [self._with_local_accounting(limit, release=release) for limit in limits]
         try:
-            result = await self._ask_store(limits, now=ticket.admitted_at)
+            async with asyncio.timeout(self._store_timeout_s):  # a hung store fails like a refusing one
+                result = await self._ask_store(limits, now=ticket.admitted_at)
         except Exception as exc:  # the shared store is away: apply the configured failure mode
             self._metrics.child(self._metrics.store_failures, "admit").inc()
             if self._failure_mode == "closed":

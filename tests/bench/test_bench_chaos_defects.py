@@ -9,9 +9,9 @@
    still in memory (the writer lingers, or the store does not answer). A SIGKILL then loses it, although the client
    saw the answer (seen in the matrix: 2 answered requests missing after gateway-kill).
 
-Both are marked ``xfail(strict=True)`` until fixed: each fails today, and an unexpected pass fails the run, so the
-fix must remove the mark. Neither fix is in this change (both touch files other work had open: the admitter and
-the ledger writer)."""
+1 is fixed: an admit call has a deadline (``GatewaySettings.store_timeout_s``), past which the store counts as
+failed and ``store_failure_mode`` applies. 2 is marked ``xfail(strict=True)`` until fixed: it fails today, and an
+unexpected pass fails the run, so the fix must remove the mark."""
 
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ from bench.soak.client import StreamResult, stream_chat
 from fleet.clock import SystemClock
 from fleet.config import TenantConfig
 from fleet.store.redis import RedisStore
+from gateway.errors import StoreUnavailable
 from gateway.intake.admission import Admitter
 from gateway.usage.metrics import GatewayMetrics
 from tests.gateway.harness import eventually
@@ -40,20 +41,38 @@ ANSWER_WITHIN_S = 5.0
 """Longer than any store timeout an operator would accept before failing open."""
 
 
-@pytest.mark.xfail(
-    strict=True, raises=TimeoutError, reason="chaos defect 1: no deadline on the admit call to a store that hangs"
-)
 async def test_admission_fails_open_when_the_store_hangs(tmp_path: Path) -> None:
     redis = start_redis(log_dir=tmp_path)
     store = RedisStore.from_url(redis.url, prefix=f"hang-{uuid.uuid4().hex[:8]}:")
     try:
-        admitter = Admitter(store, clock=SystemClock(), metrics=GatewayMetrics(), failure_mode="open", local_share=1.0)
+        admitter = Admitter(
+            store, clock=SystemClock(), metrics=GatewayMetrics(), failure_mode="open", local_share=1.0,
+            store_timeout_s=1.0,
+        )  # fmt: skip
         tenant = TenantConfig(id="acme", tier="standard", rpm=100)
         before = await admitter.admit(tenant, request_id="r-0", tokens=10)
         assert not before.local
         redis.pause()  # SIGSTOP: the kernel keeps the connection open, nothing answers
         during = await asyncio.wait_for(admitter.admit(tenant, request_id="r-1", tokens=10), ANSWER_WITHIN_S)
         assert during.local  # admitted on this replica's share, as failing open promises
+    finally:
+        redis.resume()
+        await store.close()
+        redis.stop()
+
+
+async def test_admission_fails_closed_within_its_deadline_when_the_store_hangs(tmp_path: Path) -> None:
+    redis = start_redis(log_dir=tmp_path)
+    store = RedisStore.from_url(redis.url, prefix=f"hang-{uuid.uuid4().hex[:8]}:")
+    try:
+        admitter = Admitter(
+            store, clock=SystemClock(), metrics=GatewayMetrics(), failure_mode="closed", store_timeout_s=1.0
+        )
+        tenant = TenantConfig(id="acme", tier="standard", rpm=100)
+        await admitter.admit(tenant, request_id="r-0", tokens=10)
+        redis.pause()
+        with pytest.raises(StoreUnavailable):
+            await asyncio.wait_for(admitter.admit(tenant, request_id="r-1", tokens=10), ANSWER_WITHIN_S)
     finally:
         redis.resume()
         await store.close()
