@@ -264,6 +264,35 @@ def experts_touched(profile: Profile, tokens: int) -> float:
     return e * (1.0 - (1.0 - r / e) ** tokens) if tokens > 0 else 0.0
 
 
+@dataclass(frozen=True, slots=True)
+class _ProfileTerms:
+    """What ``step_time`` would compute alike at every call for one profile, by the same expressions (so the same
+    floats): seconds of compute per token, and the distinct experts by token count as they are asked for."""
+
+    compute_s_per_token: float
+    touched: dict[int, float]
+
+
+_TERMS: dict[int, tuple[Profile, _ProfileTerms]] = {}
+"""id(profile) → the profile (held, so its id is not reused while cached) and its terms."""
+_TERMS_MAX = 256
+_TOUCHED_MAX = 65_536
+
+
+def _terms(profile: Profile) -> _ProfileTerms:
+    hit = _TERMS.get(id(profile))
+    if hit is not None and hit[0] is profile:
+        return hit[1]
+    t, hw = profile.target, profile.hardware
+    routed = min(t.routed_active_params, t.active_params)
+    per_token = (t.active_params - routed) / hw.flops_per_s + routed / (hw.moe_flops_per_s or hw.flops_per_s)
+    terms = _ProfileTerms(per_token, {})
+    if len(_TERMS) >= _TERMS_MAX:
+        _TERMS.clear()
+    _TERMS[id(profile)] = (profile, terms)
+    return terms
+
+
 def step_time(profile: Profile, shape: StepShape) -> StepTime:
     """Roofline step time, seconds: max(mem, comp) + (1 − overlap) · min(mem, comp) + communication +
     sampling + fixed overhead, plus the drafter's block-parallel pass when k > 0.
@@ -283,14 +312,17 @@ def step_time(profile: Profile, shape: StepShape) -> StepTime:
     tokens = queries + shape.prefill_tokens
     if tokens == 0:
         return StepTime(0.0, 0.0)
-    weight_bytes = t.dense_bytes + experts_touched(profile, tokens) * t.expert_bytes
+    terms = _terms(profile)
+    touched = terms.touched.get(tokens)
+    if touched is None:
+        if len(terms.touched) >= _TOUCHED_MAX:
+            terms.touched.clear()
+        touched = terms.touched[tokens] = experts_touched(profile, tokens)
+    weight_bytes = t.dense_bytes + touched * t.expert_bytes
     kv_bytes = shape.context_tokens * t.kv_bytes_per_token * t.kv_read_replicas
     state_bytes = shape.decode_seqs * (shape.k + 2) * t.state_bytes_per_seq
     memory_s = (weight_bytes + kv_bytes + state_bytes) / hw.hbm_bytes_per_s
-    routed = min(t.routed_active_params, t.active_params)
-    compute_s = (
-        2.0 * tokens * ((t.active_params - routed) / hw.flops_per_s + routed / (hw.moe_flops_per_s or hw.flops_per_s))
-    )
+    compute_s = 2.0 * tokens * terms.compute_s_per_token
     compute_s += t.attention_flops_per_context_token * shape.context_tokens * (shape.k + 1) / hw.flops_per_s
     target = max(memory_s, compute_s) + (1.0 - hw.overlap) * min(memory_s, compute_s)
     target += tokens * t.comm_s_per_token + queries * t.sample_s_per_token + t.step_overhead_s
