@@ -72,7 +72,7 @@ class GatewaySettings(CommonSettings):
     """Quota leases (``gateway.intake.leases``): a lease of a tenant's RPM or TPM is this share of the limit, times
     this replica's share of the fleet (a limit whose lease would be under 2 units is not leased: each request asks
     the store). The fleet admits at most ``lease_max_outstanding × lease_fraction`` of a limit above it (1 % with
-    the defaults). 0 turns leases off."""
+    the defaults). 0 turns leases off; a gateway on its in-process store never leases."""
     lease_refill_at: Annotated[float, Field(ge=0, le=1)] = 0.5
     """The next lease is asked for, in the background, once less than this share of the current one is left."""
     lease_max_outstanding: Annotated[int, Field(ge=1, le=2)] = 2
@@ -84,11 +84,11 @@ class GatewaySettings(CommonSettings):
     ledger_linger_s: Annotated[float, Field(ge=0, le=1)] = 0.02
     """A usage record waits up to this long for others to share its ledger write (``gateway.usage.metering``): a
     sequential client's records then cost one store command per this interval, not one each; the budget counts them
-    locally meanwhile. 0 writes each at once (when no write is under way)."""
+    locally meanwhile. 0 writes each at once (when no write is under way). Only on a shared store."""
     settle_linger_s: Annotated[float, Field(ge=0, le=1)] = 0.01
     """A settlement (slot release, TPM correction) waits this long before it is written, so that the tenant's next
     admits carry its slot release instead (``gateway.intake.admission``); keep it well under
-    ``concurrency_grace_s``, the time another replica allows a release to land."""
+    ``concurrency_grace_s``, the time another replica allows a release to land. Only on a shared store."""
     spool_max_bytes: Annotated[int, Field(gt=0)] = 256 * 1024 * 1024
     """Bound of the spool; when full, records wait in memory, ``gearshift_gateway_spool_full`` is 1 and an error
     is logged."""

@@ -36,6 +36,12 @@ from fleet.store.protocol import (
 )
 
 
+def in_process(store: object) -> bool:
+    """Whether ``store`` lives in this process (a ``MemoryStore``): its calls are function calls, so what saves store
+    round trips (leases, batched admits, lingering writes) only adds work in front of it."""
+    return isinstance(store, MemoryStore)
+
+
 class MemoryStore:
     """In-process ``Store``. ``clock`` drives the TTLs of worker states and leases."""
 

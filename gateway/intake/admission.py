@@ -29,7 +29,7 @@ from fleet.budget_period import billed_counters, budget_key, counter_series, is_
 from fleet.clock import Clock
 from fleet.config import TenantConfig
 from fleet.store.keys import scope_of, spend_key
-from fleet.store.memory import MemoryStore
+from fleet.store.memory import MemoryStore, in_process
 from fleet.store.protocol import Admission, BudgetLimit, Limit, Settlement, SlotLimit, Store, UsageRecord, WindowLimit
 from gateway.errors import BudgetExceeded, RateLimited, StoreUnavailable
 from gateway.intake.admit_batch import AdmitBatcher
@@ -187,12 +187,14 @@ class Admitter:
         replicas: ReplicaRegistry,
     ) -> Admitter:
         """The admitter of ``settings``, enforcing ``replicas``' local share of each limit during an outage."""
-        leases = LeaseBook(store, clock, share=replicas.share, policy=LeasePolicy.from_settings(settings),
+        local = in_process(store)  # no round trip to save: no leases, no batching
+        policy = LeasePolicy(fraction=0.0) if local else LeasePolicy.from_settings(settings)
+        leases = LeaseBook(store, clock, share=replicas.share, policy=policy,
                            on_error=lambda op: metrics.child(metrics.store_failures, op).inc())  # fmt: skip
         return cls(store, clock=clock, metrics=metrics, failure_mode=settings.store_failure_mode,
                    local_share=replicas.share, concurrency_grace_s=settings.concurrency_grace_s,
                    slot_ttl_s=settings.slot_ttl_s(),
-                   leases=leases, batch=True, store_timeout_s=settings.store_timeout_s)  # fmt: skip
+                   leases=leases, batch=not local, store_timeout_s=settings.store_timeout_s)  # fmt: skip
 
     async def admit(self, tenant: TenantConfig, *, request_id: str, tokens: int) -> Ticket:
         """Reserve every limit of ``tenant`` or raise ``RateLimited`` / ``BudgetExceeded`` naming the limit."""

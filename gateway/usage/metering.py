@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 
 from fleet.clock import Clock
 from fleet.config import PricingConfig
+from fleet.store.memory import in_process
 from fleet.store.protocol import Settlement, Store, UsageRecord
 from gateway.routing.pool import WorkerView
 from gateway.settings import GatewaySettings
@@ -344,14 +345,18 @@ class LedgerWriter:
     def from_settings(
         cls, store: Store, *, clock: Clock, metrics: GatewayMetrics, settings: GatewaySettings, admitter: Admitter
     ) -> LedgerWriter:
-        """The writer of ``settings``: spooled under ``spool_path`` when set; ``admitter`` hears what landed."""
+        """The writer of ``settings``: spooled under ``spool_path`` when set; ``admitter`` hears what landed. The
+        lanes linger only on a shared store: in process (``fleet.store.memory.in_process``), a write is a function
+        call and sharing one saves nothing."""
         spool_dir, limit = settings.spool_path(), settings.spool_max_bytes
+        remote = not in_process(store)
         return cls(
             store, clock=clock, metrics=metrics,
             spool=Spool(spool_dir, max_bytes=limit) if spool_dir else None,
             settle_spool=SettlementSpool(spool_dir, max_bytes=limit) if spool_dir else None,
             usage_landed=admitter.usage_landed, settle_landed=admitter.settle_landed,
-            ledger_linger_s=settings.ledger_linger_s, settle_linger_s=settings.settle_linger_s,
+            ledger_linger_s=settings.ledger_linger_s if remote else 0.0,
+            settle_linger_s=settings.settle_linger_s if remote else 0.0,
             unsettled=admitter.unsettled,
         )  # fmt: skip
 
