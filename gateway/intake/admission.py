@@ -151,12 +151,15 @@ class Admitter:
         store_timeout_s: float = 2.0,
     ) -> None:
         self._store = store
-        self._store_timeout_s = store_timeout_s
-        """The deadline of one admit call to the store (``GatewaySettings.store_timeout_s``)."""
+        self._store_timeout_s: float | None = None if in_process(store) else store_timeout_s
+        """The deadline of one admit call to the store (``GatewaySettings.store_timeout_s``); None for the in-process
+        store, whose admit is a function call that cannot hang."""
         self._ask = AdmitBatcher(store).admit if batch else store.admit
         """The store's admit, batched per event-loop tick with ``batch`` (``gateway.intake.admit_batch``)."""
         self.leases = leases
         """Quota leases for the windows and budgets (None: every request asks the store)."""
+        self._spend_views = leases if leases is not None and leases.enabled else None
+        """The lease book when it leases anything: its views of the store's spend matter only then."""
         self._clock = clock
         self._metrics = metrics
         self._failure_mode = failure_mode
@@ -290,10 +293,10 @@ class Admitter:
 
     async def _ask_store(self, limits: list[Limit], *, now: float) -> Admission:
         result = await self._ask(limits, now=now)
-        if result.spent_usd is not None and self.leases is not None:  # a fresh budget lease
+        if result.spent_usd is not None and self._spend_views is not None:  # a fresh budget lease
             budget = next((lim for lim in limits if isinstance(lim, BudgetLimit)), None)
             if budget is not None:
-                self.leases.saw_spend(budget.key, result.spent_usd)
+                self._spend_views.saw_spend(budget.key, result.spent_usd)
         return result
 
     def _draw_leases(self, limits: list[Limit], ticket: Ticket) -> tuple[list[Limit], list[WindowLimit]]:
@@ -410,9 +413,9 @@ class Admitter:
         """The store's ledger has ``records`` (and their spend): stop counting their cost locally."""
         for r in records:
             key = spend_key(r.tenant)
-            if self.leases is not None:  # the store's counters now hold it: so do the lease's views of them
+            if self._spend_views is not None:  # the store's counters now hold it: so do the lease's views of them
                 for counter in billed_counters(r.tenant, r.at):
-                    self.leases.landed_spend(counter.key, r.cost_usd)
+                    self._spend_views.landed_spend(counter.key, r.cost_usd)
             left = self._unbilled.get(key, 0.0) - r.cost_usd
             if left > 1e-12:
                 self._unbilled[key] = left
