@@ -92,6 +92,10 @@ class GatewaySettings(CommonSettings):
     spool_max_bytes: Annotated[int, Field(gt=0)] = 256 * 1024 * 1024
     """Bound of the spool; when full, records wait in memory, ``gearshift_gateway_spool_full`` is 1 and an error
     is logged."""
+    ledger_journal_fsync: bool = False
+    """``fsync`` each usage record's journal entry before the answer's end is sent (``gateway.usage.spool.Journal``,
+    in the spool directory). Off, an answered request's record survives a kill of the gateway (the page cache has
+    it) but not a power cut of its host; on, it survives both, at one disk flush per request."""
 
     def spool_path(self) -> Path | None:
         """The spool directory to use: ``spool_dir``, else the default state directory when the store is Redis."""

@@ -160,16 +160,18 @@ def render(result: ChaosResult, *, command: str) -> str:
         "",
         "## Defects this matrix found",
         "",
-        "Each has a test in `tests/bench/test_bench_chaos_defects.py`, marked `xfail(strict=True)` while the defect "
-        "stands (an unexpected pass fails the run, so the fix removes the mark):",
+        "Each has a test in `tests/bench/test_bench_chaos_defects.py` that failed before its fix (marked "
+        "`xfail(strict=True)` while the defect stood); both are fixed:",
         "",
-        "- **store-down**: an admit call to a store that hangs (connections open, nothing answers) has no deadline: "
-        "a limited tenant's requests wait out the outage instead of failing open (or closed with 503); the clients "
-        "here give up after their 30 s timeout (`client_timeout`). Failing open is reached only when the store "
-        "refuses connections.",
-        "- **gateway-kill**: an answered request can be missing from the ledger when its gateway is SIGKILLed after "
-        "the client has `[DONE]` but before the background writer stored or spooled the record (intermittent in "
-        "the matrix; deterministic with the store slow).",
+        "- **store-down**: an admit call to a store that hangs (connections open, nothing answers) had no deadline: "
+        "a limited tenant's requests waited out the outage instead of failing open (or closed with 503); the "
+        "clients gave up after their 30 s timeout (`client_timeout`). Fixed: an admit call waits at most "
+        "`GEARSHIFT_STORE_TIMEOUT_S`, then the failure mode applies.",
+        "- **gateway-kill**: an answered request could be missing from the ledger when its gateway was SIGKILLed "
+        "after the client had `[DONE]` but before the background writer stored or spooled the record (intermittent "
+        "in the matrix; deterministic with the store slow). Fixed: the record is in the spool directory's journal "
+        "before the answer's end is sent, and the restarted gateway writes what the killed one left "
+        "(`gateway.usage.spool.Journal`).",
         "",
         "## Not injected here",
         "",

@@ -37,7 +37,7 @@ from gateway.routing.pool import WorkerView
 from gateway.settings import GatewaySettings
 from gateway.upstream.sse import StreamMeter, Usage
 from gateway.usage.metrics import GatewayMetrics
-from gateway.usage.spool import JsonlSpool, SettlementSpool, Spool
+from gateway.usage.spool import Journal, JsonlSpool, SettlementSpool, Spool
 
 if TYPE_CHECKING:  # the admitter hears what landed; it never imports the writer
     from gateway.intake.admission import Admitter
@@ -154,8 +154,11 @@ class _Lane(Generic[T]):
         linger_s: float = 0.0,
         prepare: Callable[[list[T]], list[T]] | None = None,
         urgent: Callable[[T], bool] | None = None,
+        durable: Callable[[int], None] | None = None,
     ) -> None:
         self.name, self._w, self._write, self.spool, self._landed = name, writer, write, spool, landed
+        self._durable = durable
+        """Hears how many entries, the oldest taken, are now in the store or the spool (the journal's ``done``)."""
         self._linger_s = linger_s
         self._prepare = prepare
         self._urgent = urgent
@@ -189,6 +192,8 @@ class _Lane(Generic[T]):
             todo = batch if self._prepare is None else self._prepare(batch)
             if todo:
                 await self._put(todo)
+            if self._durable is not None:
+                self._durable(len(batch))
             self.writing = []
             for _ in batch:
                 self.queue.task_done()
@@ -308,7 +313,10 @@ class LedgerWriter:
     entry waits behind spooled ones, so the store sees them in order. Without one (or when it is full: the alarm is
     logged and the metric set), they are retried in memory. ``usage_landed`` and ``settle_landed`` hear what the
     store has taken (the admitter's local accounting). ``close`` drains what is queued and spools what is still in
-    memory."""
+    memory. With a ``journal`` (``gateway.usage.spool.Journal``) each record is on disk from ``write`` until the
+    store or the spool has it, so a kill after the client saw the answer's end loses none (the next process on the
+    directory writes them; settlements are not journaled: a lost slot release expires with its TTL, a lost TPM
+    refund leaves its window counted high)."""
 
     def __init__(
         self,
@@ -324,6 +332,7 @@ class LedgerWriter:
         ledger_linger_s: float = 0.0,
         settle_linger_s: float = 0.0,
         unsettled: Callable[[list[Settlement]], list[Settlement]] | None = None,
+        journal: Journal | None = None,
     ) -> None:
         self.clock = clock
         self.retry_s = retry_s
@@ -332,9 +341,14 @@ class LedgerWriter:
         async def settle_many(batch: list[Settlement]) -> None:
             await store.settle_many(batch, now=clock.wall())
 
+        self._journal = journal
         self._records: _Lane[UsageRecord] = _Lane(
-            "ledger", self, write=store.append_usage_many, spool=spool, landed=usage_landed, linger_s=ledger_linger_s
-        )
+            "ledger", self, write=store.append_usage_many, spool=spool, landed=usage_landed, linger_s=ledger_linger_s,
+            durable=None if journal is None else journal.done,
+        )  # fmt: skip
+        if journal is not None:  # what a killed process journaled and did not see stored, ahead of any new record
+            for record in journal.recovered():
+                self._records.put(record)
         self._settles: _Lane[Settlement] = _Lane(
             "settle", self, write=settle_many, spool=settle_spool, landed=settle_landed, linger_s=settle_linger_s,
             prepare=unsettled, urgent=_corrects_a_window,
@@ -354,6 +368,7 @@ class LedgerWriter:
             store, clock=clock, metrics=metrics,
             spool=Spool(spool_dir, max_bytes=limit) if spool_dir else None,
             settle_spool=SettlementSpool(spool_dir, max_bytes=limit) if spool_dir else None,
+            journal=Journal(spool_dir, fsync=settings.ledger_journal_fsync) if spool_dir else None,
             usage_landed=admitter.usage_landed, settle_landed=admitter.settle_landed,
             ledger_linger_s=settings.ledger_linger_s if remote else 0.0,
             settle_linger_s=settings.settle_linger_s if remote else 0.0,
@@ -364,6 +379,8 @@ class LedgerWriter:
         self._tasks = self._records.tasks() + self._settles.tasks()
 
     def append(self, record: UsageRecord) -> None:
+        if self._journal is not None:
+            self._journal.append(record)
         self._records.put(record)
         self.backlog()
 
@@ -372,7 +389,10 @@ class LedgerWriter:
         self.backlog()
 
     def write(self, record: UsageRecord, settlement: Settlement | None) -> None:
-        """A finished call's record, then the settlement of its admission (None: nothing left to settle)."""
+        """A finished call's record, then the settlement of its admission (None: nothing left to settle). With a
+        journal the record is on disk when this returns (``Journal``): call it before the answer's end is sent."""
+        if self._journal is not None:
+            self._journal.append(record)
         self._records.put(record)
         if settlement is not None:
             self._settles.put(settlement)
@@ -438,7 +458,12 @@ class LedgerWriter:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        lost = self._records.spool_rest() + self._settles.spool_rest()
+        lost_records = self._records.spool_rest()
+        lost = lost_records + self._settles.spool_rest()
+        if self._journal is not None:
+            if not lost_records:  # the store or the spool has every record: the next process replays none
+                self._journal.clear()
+            self._journal.close()
         for spool in self._spools():
             spool.close()
         if lost:

@@ -10,8 +10,9 @@
    saw the answer (seen in the matrix: 2 answered requests missing after gateway-kill).
 
 1 is fixed: an admit call has a deadline (``GatewaySettings.store_timeout_s``), past which the store counts as
-failed and ``store_failure_mode`` applies. 2 is marked ``xfail(strict=True)`` until fixed: it fails today, and an
-unexpected pass fails the run, so the fix must remove the mark."""
+failed and ``store_failure_mode`` applies. 2 is fixed: the record goes to the spool directory's journal
+(``gateway.usage.spool.Journal``) before the answer's end is sent, and the next process on the directory writes what
+a killed one left (``tests/gateway/test_gateway_journal.py`` has the fast tests of the ordering)."""
 
 from __future__ import annotations
 
@@ -91,9 +92,6 @@ async def _stream_then_kill(url: str, gateway: Proc) -> StreamResult:
 
 
 @pytest.mark.heavy
-@pytest.mark.xfail(
-    strict=True, raises=AssertionError, reason="chaos defect 2: a record is durable only after the client has [DONE]"
-)
 async def test_an_answered_request_survives_its_gateway_dying_right_after_done(tmp_path: Path) -> None:
     sim = start_sim("w0", log_dir=tmp_path, speedup=50.0)
     redis = start_redis(log_dir=tmp_path / "redis")
