@@ -432,3 +432,53 @@ if not digest then return 0 end
 redis.call('SADD', KEYS[2], digest)
 return 1
 """
+
+EJECTED = """
+-- KEYS[1]: ejections (sorted set worker id → ejected until). ARGV[1]: now. Drops the ejections over by then and
+-- returns the rest as worker id, until, worker id, until, ...
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
+return redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
+"""
+
+BUNDLED = {
+    "admit_many": ADMIT_MANY,
+    "settle": SETTLE,
+    "append_usage": APPEND_USAGE,
+    "worker_states": WORKER_STATES,
+    "docs": DOCS,
+    "ejected": EJECTED,
+    "replica_heartbeat": REPLICA_HEARTBEAT,
+}
+"""The scripts ``BUNDLE`` can run, by name; a call names one by its 1-based place here (``BUNDLE_INDEX``)."""
+BUNDLE_INDEX = {name: str(i) for i, name in enumerate(BUNDLED, start=1)}
+
+BUNDLE = (
+    "local SCRIPTS = {\n"
+    + ",\n".join(f"-- {name}\nfunction(KEYS, ARGV)\n{text}\nend" for name, text in BUNDLED.items())
+    + """}
+-- Several calls of the scripts above in one round trip (RedisStore's rides: the writes and reads that wait for the
+-- next admit and go with it). ARGV: the number of calls n, then per call its script's place in SCRIPTS, its number of
+-- keys and of arguments, then every call's arguments in turn; KEYS: every call's keys in turn. Each call runs as the
+-- script would alone (its own KEYS and ARGV), in order; one that fails does not stop the others (its place in the
+-- reply is its error). Returns one reply per call.
+local n = tonumber(ARGV[1])
+local k, a, out = 0, 1 + 3 * n, {}
+for i = 1, n do
+  local base = 1 + 3 * (i - 1)
+  local script, nk, na = tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2]), tonumber(ARGV[base + 3])
+  local keys, args = {}, {}
+  for j = 1, nk do keys[j] = KEYS[k + j] end
+  for j = 1, na do args[j] = ARGV[a + j] end
+  k, a = k + nk, a + na
+  local ok, reply = pcall(SCRIPTS[script], keys, args)
+  if not ok then
+    reply = {err = type(reply) == 'table' and reply.err or tostring(reply)}
+  elseif reply == nil then
+    reply = false
+  end
+  out[i] = reply
+end
+return out
+"""
+)
+"""Calls of the scripts of ``BUNDLED`` in one script call: see its text."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict
 
@@ -351,3 +351,13 @@ class Store(Protocol):
 
     async def ping(self) -> bool: ...
     async def close(self) -> None: ...
+
+
+@runtime_checkable
+class AdmitsRiding(Protocol):
+    """A store whose background admits may wait for the next request's admit and go with it (``RedisStore``:
+    ``fleet.store.rides``): one command for both."""
+
+    async def admit_riding(self, limits: Sequence[Limit], *, now: float) -> Admission:
+        """``Store.admit``, sent with the next admit when one comes within a moment (a lease grant, a spend read)."""
+        ...

@@ -23,6 +23,7 @@ coming from the ``{ledger}:tenants`` set.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import heapq
 import math
@@ -43,6 +44,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from fleet.budget_period import billed_counters
 from fleet.store import lua
+from fleet.store import rides as riding
 from fleet.store import window as win
 from fleet.store.cancel import cancellation_safe, cancelling_now, checks_own_cancellation, raise_if_cancelled_since
 from fleet.store.keys import (
@@ -72,7 +74,8 @@ from fleet.store.protocol import (
     WindowLimit,
     WorkerState,
 )
-from fleet.store.resp import RespConnection
+from fleet.store.resp import RespConnection, as_error
+from fleet.store.rides import RIDE_S, Rider, Rides
 
 DEFAULT_PREFIX = "gearshift:"
 WAIT_TIMEOUT_S = 0.5
@@ -138,21 +141,43 @@ def _settle_part(keys: KeyLayout, s: Settlement) -> tuple[str, list[str], list[s
 
 def _settle_calls(
     keys: KeyLayout, settlements: Sequence[Settlement], *, now: float, clock_flag: str
-) -> list[tuple[list[str], list[str]]]:
-    """One settle script call (KEYS, ARGV) per scope: a scope's settlements, in order, in one call."""
+) -> list[tuple[str, list[str], list[str]]]:
+    """One settle script call (scope, KEYS, ARGV) per scope: a scope's settlements, in order, in one call."""
     by_scope: dict[str, list[tuple[list[str], list[str], float]]] = {}
     for s in settlements:
         part = _settle_part(keys, s)
         if part is not None:
             by_scope.setdefault(part[0], []).append(part[1:])
     calls = []
-    for parts in by_scope.values():
+    for scope, parts in by_scope.items():
         dedupe_s = max(d for _, _, d in parts)
         call_keys = [k for ks, _, _ in parts for k in ks]
         head = [_num(now), str(win.BUCKETS_PER_WINDOW), _num(dedupe_s), clock_flag]
         call_args = head + [a for _, args, _ in parts for a in args]
-        calls.append((call_keys, call_args))
+        calls.append((scope, call_keys, call_args))
     return calls
+
+
+_Call = tuple[str, Sequence[str], Sequence[str]]
+"""One call in a bundle: a script of ``lua.BUNDLED`` by name, its KEYS and its ARGV."""
+
+
+def _bundle_call(calls: Sequence[_Call]) -> tuple[list[str], list[str]]:
+    """The KEYS and ARGV of one ``lua.BUNDLE`` call running ``calls`` in order."""
+    keys: list[str] = []
+    head = [str(len(calls))]
+    rest: list[str] = []
+    for script, call_keys, call_args in calls:
+        head += [lua.BUNDLE_INDEX[script], str(len(call_keys)), str(len(call_args))]
+        keys += call_keys
+        rest += call_args
+    return keys, head + rest
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    """Mark a background send's error as seen (its riders and its caller, if still there, got it)."""
+    if not task.cancelled():
+        task.exception()
 
 
 class _Script:
@@ -228,6 +253,7 @@ class RedisStore:
         sentinel: Sentinel | None = None,
         server_clock: bool = True,
         fast: RespConnection | None = None,
+        ride_s: float = RIDE_S,
     ) -> None:
         self._redis = client
         self._fast = fast
@@ -256,6 +282,10 @@ class RedisStore:
         self._revoke = _Script(client, lua.REVOKE_KEY, "RedisStore.revoke_api_key")
         self._put_doc_logged = _Script(client, lua.PUT_DOC_LOGGED, "RedisStore.put_doc_logged")
         self._rollup_args = [str(len(ROLLUP_SIZES_S))] + [_num(size) for size in ROLLUP_SIZES_S]
+        self._ejected = _Script(client, lua.EJECTED, "RedisStore.ejected")
+        self._bundle = _Script(client, lua.BUNDLE, "RedisStore.bundle", fast=fast)
+        self._rides = Rides(wait_s=ride_s, scoped=isinstance(client, RedisCluster))
+        """Calls waiting for the next admit to carry them (``fleet.store.rides``; ``ride_s`` 0: none wait)."""
 
     @property
     def cluster(self) -> bool:
@@ -273,6 +303,7 @@ class RedisStore:
         wait_s: float = 5.0,
         wait_replicas: int = 0,
         server_clock: bool = True,
+        ride_s: float = RIDE_S,
     ) -> RedisStore:
         """A store on a new pool of at most ``max_connections`` connections to ``url`` (``redis://host:port/db``);
         opening a connection gives up after ``wait_s`` seconds. The pool is redis-py's plain ``ConnectionPool``:
@@ -292,7 +323,9 @@ class RedisStore:
         and replays them; the ledger skips those already there).
 
         ``server_clock`` (the default) runs the limits on Redis's own clock; False runs them on the ``now`` the caller
-        passes, for tests that drive virtual time."""
+        passes, for tests that drive virtual time. While admits flow, the ledger appends, settlements, lease grants
+        and background reads wait up to ``ride_s`` for the next admit and go in its script call (``fleet.store.rides``);
+        0 sends each alone."""
         retry = Retry(ExponentialBackoff(cap=0.5, base=0.05), _RETRIES)
         if cluster:
             client = RedisCluster.from_url(
@@ -302,7 +335,7 @@ class RedisStore:
                 decode_responses=True,
                 retry=retry,
             )
-            return cls(client, prefix=prefix, wait_replicas=wait_replicas, server_clock=server_clock)
+            return cls(client, prefix=prefix, wait_replicas=wait_replicas, server_clock=server_clock, ride_s=ride_s)
         pool = ConnectionPool.from_url(
             url,
             max_connections=max_connections,
@@ -313,7 +346,7 @@ class RedisStore:
         )
         fast = RespConnection(url, connect_timeout_s=wait_s) if url.startswith("redis://") else None
         return cls(Redis.from_pool(pool), prefix=prefix, wait_replicas=wait_replicas, server_clock=server_clock,
-                   fast=fast)  # fmt: skip
+                   fast=fast, ride_s=ride_s)  # fmt: skip
 
     @classmethod
     def from_sentinels(
@@ -347,8 +380,24 @@ class RedisStore:
     async def admit(self, limits: Sequence[Limit], *, now: float) -> Admission:
         if not limits:
             return Admission(allowed=True)
+        rides = self._rides
+        rides.admitting()
+        if rides.waiting and (riders := rides.take(scope_of(limits[0].key))):
+            keys, args = self._admit_many_call([(limits, now)])
+            (group,) = await self._carry(riders, [("admit_many", keys, args)])
+            return _admission(limits, group[0])
         keys, args = self._admit_call(limits, now)
         return _admission(limits, await self._admit(keys=keys, args=args))
+
+    async def admit_riding(self, limits: Sequence[Limit], *, now: float) -> Admission:
+        """``admit``, carried by the next admit while admits flow (``fleet.store.rides``): lease grants and spend
+        reads, which can wait a moment."""
+        if not limits:
+            return Admission(allowed=True)
+        keys, args = self._admit_many_call([(limits, now)])
+        alone = functools.partial(self._admit_many, keys=keys, args=args)
+        (reply,) = await self._rides.ride("admit_many", keys, args, scope_of(limits[0].key), alone)
+        return _admission(limits, reply)
 
     @checks_own_cancellation
     async def admit_many(self, calls: Sequence[tuple[Sequence[Limit], float]]) -> list[Admission]:
@@ -359,8 +408,13 @@ class RedisStore:
             if limits:
                 by_scope.setdefault(scope_of(limits[0].key), []).append(i)
         scripts = [self._admit_many_call([calls[i] for i in indices]) for indices in by_scope.values()]
-        if len(scripts) == 1:
+        rides = self._rides
+        rides.admitting()
+        riders = rides.take(next(iter(by_scope))) if rides.waiting and by_scope else []
+        if len(scripts) == 1 and not riders:
             groups = [await self._admit_many(keys=scripts[0][0], args=scripts[0][1])]
+        elif len(scripts) == 1 or (scripts and not self.cluster):  # on one Redis, every scope in one script call
+            groups = await self._carry(riders, [("admit_many", keys, args) for keys, args in scripts])
         else:
             groups = await self._admit_many.many(scripts) if scripts else []
         results = [Admission(allowed=True)] * len(calls)
@@ -419,9 +473,43 @@ class RedisStore:
     async def settle_many(self, settlements: Sequence[Settlement], *, now: float) -> None:
         calls = _settle_calls(self._keys, settlements, now=now, clock_flag=self._clock_flag)
         if len(calls) == 1:
-            await self._settle(keys=calls[0][0], args=calls[0][1])
+            await self._settle_riding(*calls[0])
         elif calls:
-            await self._settle.many(calls)
+            await asyncio.gather(*(self._settle_riding(*call) for call in calls))
+
+    async def _settle_riding(self, scope: str, keys: list[str], args: list[str]) -> None:
+        task, before = cancelling_now()
+        alone = functools.partial(self._settle, keys=keys, args=args)
+        await self._rides.ride("settle", keys, args, scope, alone)
+        raise_if_cancelled_since(task, before, "RedisStore.settle_many")
+
+    async def _carry(self, riders: list[Rider], own: Sequence[_Call]) -> list[Any]:
+        """Run ``riders`` and then the caller's ``own`` calls in one bundle script call; the replies of ``own``.
+        The bundle is sent by a task of its own, so a caller cancelled meanwhile leaves the riders their replies."""
+        keys, args = _bundle_call([(r.script, r.keys, r.args) for r in riders] + list(own))
+        if riders:
+            sending = asyncio.ensure_future(self._send_bundle(riders, keys, args))
+            sending.add_done_callback(_retrieve)
+            replies = await asyncio.shield(sending)
+        else:
+            replies = [as_error(reply) for reply in await self._bundle(keys=keys, args=args)]
+        mine = replies[len(riders) :]
+        failed = [reply for reply in mine if isinstance(reply, Exception)]
+        if failed:
+            raise failed[0]
+        return mine
+
+    async def _send_bundle(self, riders: list[Rider], keys: list[str], args: list[str]) -> list[Any]:
+        try:
+            replies = [as_error(reply) for reply in await self._bundle(keys=keys, args=args)]
+        except Exception as exc:
+            riding.fail(riders, exc)
+            raise
+        except BaseException:
+            riding.fail(riders, RedisConnectionError("the call carrying this one was cancelled: it may have run"))
+            raise
+        riding.deliver(riders, replies[: len(riders)])
+        return replies
 
     async def spent(self, key: str) -> float:
         value = await self._redis.get(self._keys.limit(key))
@@ -436,7 +524,8 @@ class RedisStore:
 
     async def worker_states(self) -> dict[str, WorkerState]:
         keys, args = [self._keys.workers()], [self._keys.worker_state_prefix()]
-        texts: list[str] = await self._worker_states(keys=keys, args=args)
+        alone = functools.partial(self._worker_states, keys=keys, args=args)
+        texts: list[str] = await self._rides.ride("worker_states", keys, args, None, alone)
         states = [WorkerState.model_validate_json(t) for t in texts]
         return {s.worker_id: s for s in states}
 
@@ -448,12 +537,10 @@ class RedisStore:
             await pipe.execute()
 
     async def ejected(self, *, now: float) -> dict[str, float]:
-        key = self._keys.ejected("until")
-        async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.zremrangebyscore(key, "-inf", _num(now))
-            pipe.zrange(key, 0, -1, withscores=True)
-            _, pairs = await pipe.execute()
-        return {worker_id: float(until) for worker_id, until in pairs}
+        keys, args = [self._keys.ejected("until")], [_num(now)]
+        alone = functools.partial(self._ejected, keys=keys, args=args)
+        flat: list[str] = await self._rides.ride("ejected", keys, args, None, alone)
+        return {worker_id: float(until) for worker_id, until in zip(flat[::2], flat[1::2], strict=True)}
 
     # leader lease --------------------------------------------------------------------------------------
     async def acquire_lease(self, name: str, holder: str, *, ttl_s: float) -> bool:
@@ -468,8 +555,9 @@ class RedisStore:
 
     # gateway replica registry --------------------------------------------------------------------------
     async def replica_heartbeat(self, replica_id: str, *, ttl_s: float, now: float) -> int:
-        args = [_num(now), replica_id, _num(ttl_s), self._clock_flag]
-        return int(await self._heartbeat(keys=[self._keys.replicas()], args=args))
+        keys, args = [self._keys.replicas()], [_num(now), replica_id, _num(ttl_s), self._clock_flag]
+        alone = functools.partial(self._heartbeat, keys=keys, args=args)
+        return int(await self._rides.ride("replica_heartbeat", keys, args, None, alone))
 
     # usage ledger --------------------------------------------------------------------------------------
     @checks_own_cancellation
@@ -506,8 +594,8 @@ class RedisStore:
             rows += [str(r.prompt_tokens), str(r.completion_tokens), _num(r.cost_usd)]
             rows.append(" ".join(counters[c.key] for c in billed_counters(tenant, r.at)))
         args = ["1" if self._wait_replicas else "", *self._rollup_args, *ttls, *rows]
-        if not self._wait_replicas:
-            await self._append(keys=keys, args=args)
+        if not self._wait_replicas:  # a WAIT counts the writes of its own connection: such an append goes alone
+            await self._rides.ride("append_usage", keys, args, tenant, functools.partial(self._append, keys, args))
             return
         acked = await self._append_pinned(keys, args)
         if acked < self._wait_replicas:
@@ -634,7 +722,8 @@ class RedisStore:
 
     async def docs(self, collection: str) -> dict[str, str]:
         keys, args = [self._keys.doc_ids(collection)], [self._keys.doc_prefix(collection)]
-        flat: list[str] = await self._docs(keys=keys, args=args)
+        alone = functools.partial(self._docs, keys=keys, args=args)
+        flat: list[str] = await self._rides.ride("docs", keys, args, None, alone)
         return dict(zip(flat[::2], flat[1::2], strict=True))
 
     async def delete_doc(self, collection: str, doc_id: str) -> bool:

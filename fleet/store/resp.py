@@ -40,6 +40,12 @@ def _error(reply: hiredis.ReplyError) -> ResponseError:
     return NoScriptError(message) if message.startswith("NOSCRIPT") else ResponseError(message)
 
 
+def as_error(reply: Any) -> Any:
+    """``reply`` with an error reply nested in an array (hiredis's ``ReplyError``) as redis-py's ``ResponseError``,
+    which redis-py's own parser gives: one kind of error whichever connection read it."""
+    return _error(reply) if isinstance(reply, hiredis.ReplyError) else reply
+
+
 class _Protocol(asyncio.Protocol):
     def __init__(self) -> None:
         self.reader = hiredis.Reader(encoding="utf-8")

@@ -36,7 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from fleet.clock import Clock
-from fleet.store.protocol import BudgetLimit, Settlement, Store, WindowLimit
+from fleet.store.protocol import Admission, AdmitsRiding, BudgetLimit, Limit, Settlement, Store, WindowLimit
 from gateway.settings import GatewaySettings
 
 log = logging.getLogger(__name__)
@@ -187,7 +187,7 @@ class LeaseBook:
     async def _grant(self, key: str, w: _Window) -> None:
         try:
             now = self.clock.wall()
-            result = await self.store.admit(
+            result = await self._admit_soon(
                 [WindowLimit(key=key, cost=w.size, limit=w.limit, window_s=w.window_s)], now=now
             )
         except Exception:  # the store is away: requests ask it (and meet the failure mode) one by one
@@ -274,7 +274,7 @@ class LeaseBook:
     async def _read_spend(self, limit: BudgetLimit, entry: _Spend) -> None:
         limit = BudgetLimit(key=limit.key, limit_usd=limit.limit_usd)  # the store's counter alone
         try:
-            result = await self.store.admit([limit], now=self.clock.wall())  # refused or not, it reports the spend
+            result = await self._admit_soon([limit], now=self.clock.wall())  # refused or not, it reports the spend
         except Exception:
             self.on_error("lease")
             return
@@ -284,6 +284,13 @@ class LeaseBook:
             entry.spent, entry.at = result.spent_usd, self.clock.wall()
 
     # lifecycle -----------------------------------------------------------------------------------------
+    async def _admit_soon(self, limits: list[Limit], *, now: float) -> Admission:
+        """A background admit (grant, spend read): on a store that can, it goes with the next request's admit."""
+        store = self.store
+        if isinstance(store, AdmitsRiding):
+            return await store.admit_riding(limits, now=now)
+        return await store.admit(limits, now=now)
+
     def _spawn(self, work: object) -> None:
         assert asyncio.iscoroutine(work)
         task = asyncio.ensure_future(work)
