@@ -198,3 +198,34 @@ async def test_a_budget_rides_on_the_admits_a_request_makes_anyway() -> None:
         await admitter.finish(ticket, used_tokens=15, cost_usd=0.001)
         clock.advance(1.0)  # past half the budget lease's 2 s each time: a lease alone would read the spend again
     assert store.calls["admit"] == N  # the slot admits, each checking the budget too: no spend reads of their own
+
+
+@pytest.mark.redis
+async def test_with_every_loop_at_work_redis_runs_one_command_per_request_of_a_sequential_client(
+    redis_url: str, upstreams: StartUpstreams
+) -> None:
+    """Issue 26's criterion at c=1, the background at work (worker states, ejections, modes, plans and tenants re-read
+    every 50 ms, heartbeats every 0.2 s, leases renewed every 0.1 s): Redis runs no more scripts and transactions than
+    the client makes requests, each request's exact concurrency admit carrying everything else
+    (``fleet.store.rides``; the riders wait up to 2 s here, so a slow machine changes no count)."""
+    (w,) = await upstreams(1)
+    limits = {"rpm": 1_000_000, "tpm": 1_000_000_000, "budget_usd": 1_000.0, "max_concurrency": 8}
+    store = RedisStore.from_url(redis_url, prefix=f"gs-test-{uuid.uuid4().hex[:8]}:", ride_s=2.0)
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    n, warm = 4 * N, 10
+    try:
+        async with serve_gateway(make_fleet([w.url]), make_tenants(alpha=limits), store=store, lease_ttl_s=0.1,
+                                 replica_heartbeat_s=0.2) as gw:  # fmt: skip
+            async with gw.client("alpha") as client:
+                for _ in range(warm):
+                    assert (await client.post("/v1/chat/completions", json=body)).status_code == 200
+                start = await redis_round_trips(redis_url)
+                for _ in range(n):
+                    assert (await client.post("/v1/chat/completions", json=body)).status_code == 200
+                served = await redis_round_trips(redis_url) - start
+            await gw.gw.ledger.idle()
+            ledger = await store.usage("alpha", since=0, until=math.inf)
+    finally:
+        await store.close()
+    assert served <= n, served
+    assert ledger.requests == warm + n  # every record landed, once
