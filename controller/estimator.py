@@ -47,6 +47,10 @@ class EstimatorConfig(BaseModel):
     correction_max_age: int = Field(60, ge=1)
     """Windows a k's own step-time correction is kept after that k last ran: long enough to outlast the interval
     between neighbour probes (``StabiliserConfig.neighbour_probe_s``), which measure it."""
+    steady_batch_change: float = Field(0.2, ge=0)
+    """A window's step time counts as evidence about its k at its batch band (``step_correction_by_k``) only when
+    its decode batch is within this fraction of the window before's: on a load step a burst of prompts lands on
+    a batch still filling, and a gear measured then would stand against one measured in steady state."""
     correction_bounds: tuple[float, float] = (0.05, 20.0)
     """Clamp of the step-time correction (wide enough for simulated workers running up to 20× real time)."""
 
@@ -94,6 +98,8 @@ class Estimate:
     step_correction_by_k: tuple[tuple[int, float], ...] = ()
     """``(k, correction)`` for the k that ran at the current ``batch_band`` in the last ``correction_max_age``
     windows."""
+    max_num_seqs: int | None = None
+    """The worker's largest batch (None: unknown)."""
 
     def correction_for(self, k: int) -> float:
         """The step-time correction at draft length ``k``: its own if it ran recently, else that of the nearest k
@@ -107,7 +113,9 @@ class Estimate:
 
     def observed_gear(self, k: int) -> bool:
         """Whether ``k`` ran at this batch band in the last ``position_max_age`` windows (its step time is fresh
-        evidence, not a memory to be re-measured)."""
+        evidence, not a memory to be re-measured): the evidence the policy may leave the tuned table's gear on.
+        An older measurement is not compared with a fresh one: taken on a load step (a burst of prompts, a batch
+        still filling) it would stand against one taken in steady state."""
         return k in self.fresh_gears
 
 
@@ -176,6 +184,8 @@ class WorkerEstimator:
     adaptive: bool = False
     """Set by the loop from the worker's ``gearshift_worker_adaptive_verification`` gauge."""
     verified_per_draft: float | None = None
+    last_decode_batch: float | None = None
+    """The decode batch of the last window with engine steps."""
     correction_by_k: dict[tuple[int, int], tuple[float, int]] = field(default_factory=dict)
     """(k, ``batch_band``) → (EWMA of observed/predicted step time at that k and batch, the window count when it
     last ran there)."""
@@ -231,6 +241,11 @@ class WorkerEstimator:
         lo, hi = self.config.correction_bounds
         ratio = min(max(observed / predicted, lo), hi)
         self.correction = _ewma(self.correction, ratio, self.config.alpha)
+        last = self.last_decode_batch
+        steady = last is None or abs(w.decode_batch - last) <= self.config.steady_batch_change * max(last, 1.0)
+        self.last_decode_batch = w.decode_batch
+        if not steady:
+            return  # a batch still filling or draining: its step time is no evidence about this gear at this batch
         key = (w.k, batch_band(w.decode_batch))
         old = self.correction_by_k.get(key)
         if old is not None and self.windows - 1 - old[1] > self.config.position_max_age:
@@ -328,6 +343,7 @@ class WorkerEstimator:
                     if b == band and self.windows - seen <= self.config.correction_max_age
                 )
             ),
+            max_num_seqs=self.max_num_seqs,
         )
 
     def class_mix(self) -> tuple[tuple[str, float], ...]:

@@ -28,6 +28,17 @@ Two worker facts shape the candidates (issue 14). The worker's advertised ``full
 run at full speed at the expected batch (``controller.full_speed``) is predicted but never chosen, unless no
 allowed k does. And the drafter: on a worker started with one, k = 0 pays the profile's idle-drafter tax
 (``fleet.perf.IdleDrafterTax``); ``Decision.off`` predicts the same load on a worker started without it.
+
+The tuned table is the starting point (issue 25: never do worse than what an operator already has). The gear vLLM's
+``num_speculative_tokens_per_batch_size`` table tuned from the profile for the *observed* mix
+(``fleet.fallback.tuned_table``, the tuner of the lab's ``vllm-table``) gives at the expected batch is the default
+(``Basis.TABLE``). Among the k that meet the targets, the policy leaves it only on measured evidence: for another
+k to be chosen, it and the table's gear must both have had their step time measured at this batch band
+(``Estimate.observed_gear``); then the measured k with the most goodput wins (``Basis.MEASURED``). A gear the model
+merely predicts to be better is never chosen on that prediction: the stabiliser's bounded neighbour probes
+measure it (``controller.stabiliser``), and only then can it be. When the table's gear misses the targets the
+model's choice stands (``Basis.MODEL``), as it does on an adaptive worker (the engine explores under its cap) and
+with ``start_from_table`` off.
 """
 
 from __future__ import annotations
@@ -39,9 +50,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from controller.classes import slowest_al_ratio
 from controller.estimator import Estimate
-from controller.full_speed import advertised_gears, excluded_reason
+from controller.full_speed import advertised_gears, excluded_reason, expected_batch_size
+from fleet.capacity import MixPoint
+from fleet.fallback import general_mix, tuned_table
 from fleet.perf import Profile, expected_tokens_per_step, predict_step
-from fleet.speculation import FullSpeed
+from fleet.speculation import FullSpeed, Schedule
 
 
 class PolicyConfig(BaseModel):
@@ -70,6 +83,22 @@ class PolicyConfig(BaseModel):
     class_min_share: float = Field(0.1, ge=0, le=1)
     """Share of request-steps a workload class needs in the fitted mix (``controller.classes``) before its own
     TPOT, rather than the blended one, must meet the target."""
+    start_from_table: bool = True
+    """Start from the tuned table's gear for the observed mix and leave it only on measured evidence
+    (``controller.policy``, issue 25); False: the model's choice alone."""
+
+
+class Basis(StrEnum):
+    """What a decision's k rests on."""
+
+    TABLE = "table"
+    """The tuned table's gear at this batch, not yet measured here: the default, taken without a predicted gain."""
+    TABLE_MEASURED = "table-measured"
+    """The tuned table's gear, measured here and no measured gear beats it."""
+    MEASURED = "measured"
+    """Another gear, measured here with more goodput than the table's gear, measured too."""
+    MODEL = "model"
+    """The model's prediction (the table's gear misses the targets, an adaptive worker, or the table is off)."""
 
 
 class Risk(StrEnum):
@@ -125,6 +154,10 @@ class Decision:
     reason: str
     off: Candidate | None = None
     """k = 0 on a worker started without the drafter (no idle-drafter tax): never chosen here, a restart away."""
+    table_k: int | None = None
+    """The tuned table's gear at the expected batch for the observed mix, the nearest allowed candidate (None:
+    ``start_from_table`` off)."""
+    basis: Basis = Basis.MODEL
 
     def candidate(self, k: int) -> Candidate | None:
         return next((c for c in self.candidates if c.k == k), None)
@@ -157,6 +190,56 @@ def predict_prefill_s(est: Estimate, profile: Profile, k: int, *, drafter_loaded
         drafter_loaded=drafter_loaded,
     ).total_s
     return (est.waiting + 1.0) * prompt / chunk * step * est.correction_for(k)
+
+
+_TABLES: dict[tuple[int, tuple[tuple[str, float], ...], float, float, int], tuple[Profile, Schedule]] = {}
+"""Tuned tables by (profile id, rounded mix, max_num_seqs), each kept with its profile (an id may be reused)."""
+_TABLES_MAX = 512
+TABLE_MAX_NUM_SEQS = 256
+"""The batch limit a table is tuned to when the worker's own is not known yet."""
+
+
+def _two_figures(x: float) -> float:
+    return float(f"{x:.2g}")
+
+
+def observed_mix(est: Estimate, profile: Profile) -> MixPoint:
+    """The traffic the worker sees, as the table tuner takes it: the fitted class mix (shares rounded to 5 %) and
+    the mean prompt and output lengths (two figures), so that estimation noise does not retune the table every
+    tick. Before any prompt was seen, the general mix's lengths; before any drafts, the profile's prior class."""
+    workloads = tuple((name, round(share * 20) / 20) for name, share in est.class_mix if round(share * 20) > 0)
+    workloads = workloads or ((profile.default_workload, 1.0),)
+    prompt = mean_prompt_tokens(est)
+    if prompt <= 0 or est.prefill_per_token <= 0:
+        general = general_mix(profile)
+        return MixPoint(workloads=workloads, prompt_tokens=general.prompt_tokens, output_tokens=general.output_tokens)
+    return MixPoint(
+        workloads=workloads,
+        prompt_tokens=_two_figures(prompt),
+        output_tokens=_two_figures(max(prompt / est.prefill_per_token, 1.0)),
+    )
+
+
+def table_for(est: Estimate, profile: Profile) -> Schedule:
+    """The table ``vllm-table`` tunes from ``profile`` for the observed mix (``fleet.fallback.tuned_table``)."""
+    mix = observed_mix(est, profile)
+    seqs = est.max_num_seqs or TABLE_MAX_NUM_SEQS
+    key = (id(profile), mix.workloads, mix.prompt_tokens, mix.output_tokens, seqs)
+    hit = _TABLES.get(key)
+    if hit is not None and hit[0] is profile:
+        return hit[1]
+    if len(_TABLES) >= _TABLES_MAX:
+        _TABLES.clear()
+    table = tuned_table(profile, mix, seqs)
+    _TABLES[key] = (profile, table)
+    return table
+
+
+def table_gear(est: Estimate, profile: Profile) -> int:
+    """The tuned table's k at the expected batch (the batch the candidates are predicted at, rounded)."""
+    table = table_for(est, profile)
+    bs = min(expected_batch_size(max(est.batch, est.batch_ahead, 1.0)), table[-1][1])
+    return next(k for lo, hi, k in table if lo <= bs <= hi)
 
 
 def _predict(
@@ -270,12 +353,19 @@ def decide(
             feasible = prompt_ok
         elif not prompt_ok:
             ttft_text = f"no k meets the TTFT target {ttft_target_s:.1f} s: set aside"
+    table_k = None
+    if config.start_from_table and allowed:
+        table_k = snap_gear(table_gear(est, profile), sorted(c.k for c in allowed))
+    basis, evidence = Basis.MODEL, ""
+    fastest = min(c.tpot_worst_s for c in allowed)
+    near = [c for c in allowed if c.tpot_worst_s <= fastest * (1 + config.overload_tpot_tolerance)]
     if feasible:
-        fastest = min(c.tpot_worst_s for c in allowed)
-        near = [c for c in allowed if c.tpot_worst_s <= fastest * (1 + config.overload_tpot_tolerance)]
-        best = max({c.k: c for c in feasible + near}.values(), key=lambda c: (c.goodput_tok_s, -c.k))
-    else:
-        best = _overloaded_choice(est, allowed, config)
+        pool = list({c.k: c for c in feasible + near}.values())
+    else:  # no k meets it: with a queue, drain it (the most goodput); else the lowest TPOT (within the tolerance)
+        pool = allowed if est.waiting >= config.overload_queue else near
+    best = max(pool, key=lambda c: (c.goodput_tok_s, -c.k))
+    if table_k is not None and not est.adaptive and risk is Risk.NONE:
+        best, basis, evidence = _from_table(est, table_k, pool, best)
     current = next(c for c in cands if c.k == min(est.k_current, est.k_max))
     gain = best.goodput_tok_s / current.goodput_tok_s - 1 if current.goodput_tok_s > 0 else 0.0
     if risk is Risk.NONE and not current.feasible and best.feasible:
@@ -290,25 +380,48 @@ def decide(
         overloaded=overloaded,
         risk=risk,
         gain=gain,
-        reason=_reason(est, best, current, gain, overloaded, risk_text, tpot_target_s) + _excluded_text(cands),
+        reason=_reason(est, best, current, gain, overloaded, risk_text, tpot_target_s, evidence)
+        + _excluded_text(cands),
         off=_predict(est, profile, 0, tpot_target_s, False, share, drafter_loaded=False),
+        table_k=table_k,
+        basis=basis,
     )
+
+
+def snap_gear(k: int, gears: list[int]) -> int:
+    """The gear of ``gears`` nearest ``k`` (the lower on a tie)."""
+    return min(gears, key=lambda g: (abs(g - k), g))
+
+
+def _from_table(
+    est: Estimate, table_k: int, pool: list[Candidate], model_best: Candidate
+) -> tuple[Candidate, Basis, str]:
+    """The choice among ``pool`` (the k that meet the targets) that starts from the table's gear and leaves it only
+    for a gear measured here with more goodput (module docstring), with the evidence in words."""
+    gear = table_k
+    by_k = {c.k: c for c in pool}
+    at = f"the tuned table's gear at B≈{expected_batch_size(max(est.batch, est.batch_ahead, 1.0))}"
+    table = by_k.get(gear)
+    if table is None:
+        return model_best, Basis.MODEL, f"{at} k={gear} is not among the k the targets allow: the model's choice"
+    measured = [c for c in pool if est.observed_gear(c.k)]
+    seen = ", ".join(str(c.k) for c in sorted(measured, key=lambda c: c.k)) or "none"
+    if not est.observed_gear(gear):
+        return table, Basis.TABLE, f"{at} (k={gear}, not yet measured at this batch; measured here: k={seen})"
+    top = max(measured, key=lambda c: (c.goodput_tok_s, -c.k))
+    if top.k == gear:
+        return table, Basis.TABLE_MEASURED, f"{at}, measured here and not beaten (measured: k={seen})"
+    lead = top.goodput_tok_s / table.goodput_tok_s - 1 if table.goodput_tok_s > 0 else 0.0
+    why = (
+        f"measured at this batch: k={top.k} {top.goodput_tok_s:.0f} tok/s vs {at} k={gear} "
+        f"{table.goodput_tok_s:.0f} tok/s ({lead:+.1%}; measured: k={seen})"
+    )
+    return top, Basis.MEASURED, why
 
 
 def _excluded_text(cands: tuple[Candidate, ...]) -> str:
     excluded = [str(c.k) for c in cands if not c.full_speed]
     return f"; not at full speed at this batch: k={', '.join(excluded)}" if excluded else ""
-
-
-def _overloaded_choice(est: Estimate, allowed: list[Candidate], config: PolicyConfig) -> Candidate:
-    """No k meets the target. With requests queueing, the k with the most goodput: a waiting user's speed is set
-    by how fast the queue drains. Otherwise the k with the lowest TPOT of the slowest class (the most goodput
-    within ``overload_tpot_tolerance`` of it)."""
-    if est.waiting >= config.overload_queue:
-        return max(allowed, key=lambda c: (c.goodput_tok_s, -c.k))
-    fastest = min(c.tpot_worst_s for c in allowed)
-    near = [c for c in allowed if c.tpot_worst_s <= fastest * (1 + config.overload_tpot_tolerance)]
-    return max(near, key=lambda c: (c.goodput_tok_s, -c.k))
 
 
 def _reason(
@@ -319,8 +432,11 @@ def _reason(
     overloaded: bool,
     risk_text: str,
     target: float | None,
+    evidence: str = "",
 ) -> str:
     parts = [f"k={best.k}: goodput {best.goodput_tok_s:.0f} tok/s ({gain:+.0%} vs k={current.k})"]
+    if evidence:
+        parts.append(evidence)
     target_text = f"target {target * 1e3:.0f} ms" if target is not None else "no TPOT target"
     verdict = "no k meets the target: max per-user speed, overloaded" if overloaded else target_text
     slowest = f", slowest class {best.tpot_slowest_s * 1e3:.1f} ms" if best.tpot_slowest_s is not None else ""

@@ -9,15 +9,22 @@ A pure step function ``stabilise(state, decision, estimate, now) -> (state, acti
    wants a lower k, switch at once, ignoring dwell. A collapse schedules a re-probe after ``collapse_reprobe_s``.
 5. **Probe due**: every ``probe_interval_s`` below k_max, if the policy predicts k_max costs at most
    ``probe_max_loss`` of goodput and meets the TPOT target — positions above the current k are unobservable
-   otherwise.
+   otherwise. Only for a decision that rests on the model (``Basis.MODEL``): one that starts from the tuned
+   table tunes it for the mix the observed positions show and explores by neighbour probes (5b), whose cost
+   is bounded; a jump to k_max at a batch where it loses was the largest cost of exploring (6 s at −13 % at
+   batch 16 on the MI355X random sweep). The re-probe after a collapse stays.
 5b. **Neighbour probe** (issue 25): holding a gear whose neighbour (the next advertised gear up or down) has no
    step time measured at this batch band, run the neighbour for ``probe_s``, whatever the model predicts for it
    — a model that believes every k > 0 loses at a large batch would otherwise never be corrected there. The cost
    is bounded, not the prediction: probes of a neighbour predicted to lose ``L`` of goodput are spaced at least
    ``L · probe_s / probe_budget`` apart (and ``neighbour_probe_s``), so they spend at most ``probe_budget`` of
    the predicted goodput; the reason names the prediction and the cost. Not on an adaptive worker (its engine
-   explores under the cap itself).
-6. **Normal**: a recommendation counts only if its predicted gain exceeds ``gain_threshold``; go up when the
+   explores under the cap itself). Holding a measured gear other than the tuned table's (``Basis.MEASURED``),
+   the table's gear is probed the same way when its measurement is no longer fresh, so the evidence for leaving
+   it is renewed at a bounded cost rather than remembered.
+6. **Normal**: a recommendation counts only if its predicted gain exceeds ``gain_threshold``, or if it is the
+   tuned table's gear not yet measured at this batch (``Basis.TABLE``: the default needs no predicted gain,
+   since the prediction that it loses is what is unmeasured); go up when the
    last ``up_ticks`` recommendations were all higher (to the lowest of them), down when the last ``down_ticks``
    were all lower (to the highest of them). The dwell guards reversals: a move against the last normal move
    waits ``min_dwell_s`` at the current k, a move that continues it only ``continue_dwell_s``. Following a
@@ -34,7 +41,7 @@ from enum import StrEnum
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from controller.estimator import Estimate
-from controller.policy import Decision, Risk
+from controller.policy import Basis, Decision, Risk
 
 
 class StabiliserConfig(BaseModel):
@@ -168,8 +175,8 @@ def _probe(
             return None
         why = "re-probing after an acceptance collapse"
     else:
-        if now - state.last_probe_s < cfg.probe_interval_s:
-            return None
+        if now - state.last_probe_s < cfg.probe_interval_s or decision.basis is not Basis.MODEL:
+            return None  # a decision on the table's gear explores by neighbour probes, at a bounded cost
         top, cur = decision.candidate(est.k_max), decision.candidate(state.k)
         if top is None or cur is None or top.goodput_tok_s < (1 - cfg.probe_max_loss) * cur.goodput_tok_s:
             return None
@@ -198,7 +205,9 @@ def _neighbour_probe(
         return None
     at = gears.index(state.k)
     sides = [gears[i] for i in (at - 1, at + 1) if 0 <= i < len(gears)]
-    unmeasured = [c for k in sides if not est.observed_gear(k) and (c := decision.candidate(k)) is not None]
+    if decision.table_k is not None and decision.table_k in gears and decision.table_k != state.k:
+        sides.append(decision.table_k)  # the evidence for leaving the table is renewed, not remembered
+    unmeasured = [c for k in set(sides) if not est.observed_gear(k) and (c := decision.candidate(k)) is not None]
     unmeasured = [c for c in unmeasured if c.feasible or not cur.feasible]
     if not unmeasured:
         return None
@@ -219,7 +228,8 @@ def _neighbour_probe(
 def _normal(
     state: StabiliserState, decision: Decision, now: float, cfg: StabiliserConfig
 ) -> tuple[StabiliserState, Action]:
-    wanted = decision.k if decision.gain >= cfg.gain_threshold else state.k
+    to_table = decision.basis is Basis.TABLE
+    wanted = decision.k if decision.gain >= cfg.gain_threshold or to_table else state.k
     history = (*state.history, wanted)[-max(cfg.up_ticks, cfg.down_ticks) :]
     state = replace(state, history=history)
     dwelt, short = now - state.since_s, min(cfg.continue_dwell_s, cfg.min_dwell_s)

@@ -163,9 +163,25 @@ def test_a_gear_not_measured_takes_the_nearest_measured_gear_at_this_batch(lab_p
     assert e.correction_for(0) == pytest.approx(2.0, rel=1e-6)
     assert e.correction_for(3) == pytest.approx(0.5, rel=1e-6), "the nearest measured gear, k = 1"
     assert e.fresh_gears == (0, 1)
-    est.update(synthetic_window(lab_profile, rng, k=1, batch=64, truth=truth, slowdown=0.8))
+    for _ in range(2):  # the first window at 64 is the load step itself (no evidence), the second is measured
+        est.update(synthetic_window(lab_profile, rng, k=1, batch=64, truth=truth, slowdown=0.8))
     wide = est.estimate()
     assert wide.fresh_gears == (1,), "at batch 64 only k = 1 was measured"
+
+
+def test_a_window_on_a_load_step_is_no_evidence_about_its_gear(lab_profile: Profile) -> None:
+    """Issue 25: a gear measured while the batch fills (a burst of prompts on a batch still growing) would stand
+    against one measured in steady state, and the policy leaves the tuned table's gear on such comparisons."""
+    rng = random.Random(5)
+    truth = conditional_acceptance(lab_profile, "maths", 1000)
+    est = WorkerEstimator("w0", lab_profile, 8, EstimatorConfig(alpha=1.0))
+    est.update(synthetic_window(lab_profile, rng, k=0, batch=8, truth=truth))
+    est.update(synthetic_window(lab_profile, rng, k=0, batch=40, truth=truth, slowdown=3.0))
+    assert not est.estimate().observed_gear(0), "the step 8 → 40: not a measurement of k = 0 at 40"
+    est.update(synthetic_window(lab_profile, rng, k=0, batch=42, truth=truth, slowdown=1.0))
+    steady = est.estimate()
+    assert steady.observed_gear(0)
+    assert steady.correction_for(0) == pytest.approx(1.0, rel=1e-6), "only the steady window counts"
 
 
 def test_a_stale_memory_of_a_gear_is_replaced_by_fresh_evidence(lab_profile: Profile) -> None:

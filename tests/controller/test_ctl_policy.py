@@ -10,12 +10,14 @@ from typing import Any
 import pytest
 
 from controller.estimator import Estimate
-from controller.policy import Candidate, Decision, PolicyConfig, Risk, decide
+from controller.policy import TABLE_MAX_NUM_SEQS, Basis, Candidate, Decision, PolicyConfig, Risk, decide, observed_mix
+from fleet.fallback import tuned_table
 from fleet.perf import Profile, conditional_acceptance
 
 from .ctl_helpers import make_estimate
 
-CFG = PolicyConfig()
+CFG = PolicyConfig(start_from_table=False)
+"""The model alone: these tests are about its predictions (the tuned-table start has its own, below)."""
 
 
 def candidate(decision: Decision, k: int) -> Candidate:
@@ -249,3 +251,52 @@ def test_a_queue_being_admitted_is_decided_for_the_batch_it_makes(lab_profile: P
 
     assert (k(batch=1.0), k(batch=1.0, batch_ahead=128.0)) == (8, k(batch=128.0))
     assert k(batch=128.0) == 0
+
+
+# ------------------------------------------------------------------ issue 25: start from the tuned table
+TABLE_CFG = PolicyConfig()
+
+
+def test_the_worker_starts_from_the_tuned_table_for_the_mix_it_sees(lab_profile: Profile) -> None:
+    """Issue 25: nothing measured yet, the policy takes the gear ``vllm-table`` tunes from the profile for the
+    observed mix (``fleet.fallback.tuned_table``), not the model's argmax, even where the model predicts more."""
+    est = make_estimate(lab_profile, batch=1.0, class_mix=(("chat", 1.0),), prefill_per_token=4.0)
+    d = decide(est, lab_profile, tpot_target_s=None, config=TABLE_CFG)
+    table = tuned_table(lab_profile, observed_mix(est, lab_profile), TABLE_MAX_NUM_SEQS)
+    expected = next(k for lo, hi, k in table if lo <= 1 <= hi)
+    model = decide(est, lab_profile, tpot_target_s=None, config=CFG)
+    assert model.k != expected, "the case needs a model that disagrees with the table"
+    assert (d.k, d.table_k, d.basis) == (expected, expected, Basis.TABLE)
+    assert "tuned table's gear" in d.reason
+    assert "not yet measured" in d.reason
+
+
+def test_a_gear_the_model_prefers_is_chosen_over_the_table_only_once_both_are_measured(lab_profile: Profile) -> None:
+    est = make_estimate(lab_profile, batch=1.0, class_mix=(("chat", 1.0),), prefill_per_token=4.0)
+    table_k = decide(est, lab_profile, tpot_target_s=None, config=TABLE_CFG).table_k
+    model_k = decide(est, lab_profile, tpot_target_s=None, config=CFG).k
+    assert table_k is not None
+    assert model_k != table_k
+    only_model = replace(est, fresh_gears=(model_k,), step_correction_by_k=((model_k, 1.0),))
+    assert decide(only_model, lab_profile, tpot_target_s=None, config=TABLE_CFG).k == table_k, "table unmeasured"
+    both = replace(est, fresh_gears=(table_k, model_k), step_correction_by_k=((table_k, 1.0), (model_k, 1.0)))
+    d = decide(both, lab_profile, tpot_target_s=None, config=TABLE_CFG)
+    assert (d.k, d.basis) == (model_k, Basis.MEASURED)
+    assert f"measured at this batch: k={model_k}" in d.reason
+    assert f"k={table_k}" in d.reason
+    slower = replace(both, step_correction_by_k=((table_k, 1.0), (model_k, 3.0)))
+    d = decide(slower, lab_profile, tpot_target_s=None, config=TABLE_CFG)
+    assert (d.k, d.basis) == (table_k, Basis.TABLE_MEASURED), "measured slower than the table: the table stays"
+
+
+def test_safety_paths_override_the_table(lab_profile: Profile) -> None:
+    est = make_estimate(lab_profile, batch=1.0, k_current=4, accepted_length=1.05, class_mix=(("maths", 1.0),))
+    d = decide(est, lab_profile, tpot_target_s=None, config=TABLE_CFG)
+    assert (d.k, d.risk, d.basis) == (0, Risk.COLLAPSE, Basis.MODEL)
+
+
+def test_the_table_gear_is_one_the_worker_advertises(lab_profile: Profile) -> None:
+    est = make_estimate(lab_profile, batch=1.0, class_mix=(("maths", 1.0),), prefill_per_token=4.0)
+    d = decide(est, lab_profile, tpot_target_s=None, config=PolicyConfig(k_tiers=(0, 2, 5)))
+    assert d.table_k in (0, 2, 5)
+    assert d.k in (0, 2, 5)

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from controller.policy import Candidate, Decision, Risk
+from controller.policy import Basis, Candidate, Decision, Risk
 from controller.stabiliser import ActionKind, StabiliserConfig, StabiliserState, initial_state, stabilise
 from fleet.perf import Profile
 
@@ -210,3 +210,38 @@ def test_a_dwell_shorter_than_the_continuation_dwell_bounds_both(lab_profile: Pr
     assert [a.kind for a in (first, second, third, fourth)] == [
         ActionKind.HOLD, ActionKind.DOWN, ActionKind.HOLD, ActionKind.DOWN,
     ]  # fmt: skip
+
+
+# ------------------------------------------------------------------ issue 25: the tuned-table start
+def test_a_return_to_the_tables_unmeasured_gear_needs_no_predicted_gain(lab_profile: Profile) -> None:
+    """The model predicting the table's gear loses is exactly what is unmeasured: the move goes through on the
+    usual ticks and dwell, not on the gain threshold."""
+    to_table = replace(decision(2, gain=-0.02), table_k=2, basis=Basis.TABLE)
+    _, actions = run(lab_profile, initial_state(4, 0.0), [to_table] * CFG.down_ticks, fresh_gears=MEASURED)
+    assert actions[-1] == (2, ActionKind.DOWN)
+    on_model = replace(to_table, basis=Basis.MODEL)
+    _, held = run(lab_profile, initial_state(4, 0.0), [on_model] * CFG.down_ticks, fresh_gears=MEASURED)
+    assert held[-1][1] is ActionKind.HOLD, "a model's choice still needs the gain"
+
+
+def test_no_jump_to_k_max_on_a_decision_that_rests_on_the_table(lab_profile: Profile) -> None:
+    state = initial_state(2, 0.0)
+    now = CFG.probe_interval_s + 1.0
+    on_table = replace(decision(2, gain=0.0), table_k=2, basis=Basis.TABLE_MEASURED)
+    _, a = stabilise(state, on_table, make_estimate(lab_profile, k_current=2, fresh_gears=MEASURED), now, CFG)
+    assert a.kind is ActionKind.HOLD
+    on_model = replace(on_table, basis=Basis.MODEL)
+    _, b = stabilise(state, on_model, make_estimate(lab_profile, k_current=2, fresh_gears=MEASURED), now, CFG)
+    assert (b.k, b.kind) == (8, ActionKind.PROBE)
+
+
+def test_holding_a_measured_deviation_the_tables_gear_is_measured_again(lab_profile: Profile) -> None:
+    """Off the table's gear on measured evidence, the evidence is renewed by a bounded probe of the table's gear
+    once its measurement is no longer fresh, though it is no neighbour of the gear held."""
+    d = replace(decision(4, gain=0.0), table_k=1, basis=Basis.MEASURED)
+    est = make_estimate(lab_profile, k_current=4, fresh_gears=(3, 4, 6))
+    _, a = stabilise(initial_state(4, 0.0), d, est, CFG.neighbour_probe_s + 1.0, CFG)
+    assert (a.k, a.kind) == (1, ActionKind.PROBE)
+    fresh = replace(est, fresh_gears=(1, 3, 4, 6))
+    _, b = stabilise(initial_state(4, 0.0), d, fresh, CFG.neighbour_probe_s + 1.0, CFG)
+    assert b.kind is ActionKind.HOLD
