@@ -9,7 +9,17 @@ import pytest
 from typer.testing import CliRunner
 
 from bench.markdown import parse_table
-from bench.policy.robustness import P_CAP, Cell, grid, scale_acceptance, scale_slope, scale_step_time, workers_profile
+from bench.policy.robustness import (
+    P_CAP,
+    Cell,
+    grid,
+    run_cell,
+    scale_acceptance,
+    scale_slope,
+    scale_step_time,
+    workers_profile,
+)
+from bench.policy.scenario import load_scenarios
 from bench.policy.suite import family_profiles
 from fleet.perf import StepShape, conditional_acceptance, load_profile, step_time
 from gearshift.cli.app import app
@@ -71,3 +81,14 @@ def test_bench_robustness_writes_one_table_per_believed_profile(tmp_path: Path) 
         "per-token slope ×2", *others,
     ]  # fmt: skip
     assert "## Controller believes kimi-k3-dspark-tp16" not in md
+
+
+@pytest.mark.slow
+def test_the_grids_failing_cell_is_within_the_target() -> None:
+    """Issue 25: believing the MI355X profile on TP16 workers at 512 streams, the model writes off every k > 0;
+    the bounded neighbour probes must find the gear it does not predict soon enough to stay within the grid's
+    target (it lost 10 % while the probes were spaced for 2 % of goodput at the predicted loss)."""
+    (straddle,) = load_scenarios(None, ["straddle"])
+    cell = Cell("kimi-k3-dspark-mi355x-tp8", "profile", other="kimi-k3-dspark-tp16")
+    result = run_cell(cell, straddle)
+    assert result.met, f"lost {result.loss:.1%} to the wrong model"

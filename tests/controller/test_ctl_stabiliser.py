@@ -95,7 +95,7 @@ def test_collapse_then_reprobe_later(lab_profile: Profile) -> None:
 
 def test_periodic_probe_only_when_affordable(lab_profile: Profile) -> None:
     state = initial_state(2, 0.0)
-    est = make_estimate(lab_profile, k_current=2)
+    est = make_estimate(lab_profile, k_current=2, fresh_gears=MEASURED)  # no neighbour probe due
     cheap = decision(2, gain=0.0, goodput={2: 100.0, 8: 90.0})
     dear = decision(2, gain=0.0, goodput={2: 100.0, 8: 50.0})
     _, a = stabilise(state, dear, est, 61.0, CFG)
