@@ -75,7 +75,7 @@ from fleet.store.protocol import (
     WorkerState,
 )
 from fleet.store.resp import RespConnection, as_error
-from fleet.store.rides import RIDE_S, Rider, Rides
+from fleet.store.rides import BACKGROUND_RIDE_S, RIDE_S, Rider, Rides
 
 DEFAULT_PREFIX = "gearshift:"
 WAIT_TIMEOUT_S = 0.5
@@ -286,6 +286,8 @@ class RedisStore:
         self._bundle = _Script(client, lua.BUNDLE, "RedisStore.bundle", fast=fast)
         self._rides = Rides(wait_s=ride_s, scoped=isinstance(client, RedisCluster))
         """Calls waiting for the next admit to carry them (``fleet.store.rides``; ``ride_s`` 0: none wait)."""
+        self._background_ride_s = max(ride_s, BACKGROUND_RIDE_S)
+        """How long the calls that only background loops wait for may wait for an admit."""
 
     @property
     def cluster(self) -> bool:
@@ -396,7 +398,8 @@ class RedisStore:
             return Admission(allowed=True)
         keys, args = self._admit_many_call([(limits, now)])
         alone = functools.partial(self._admit_many, keys=keys, args=args)
-        (reply,) = await self._rides.ride("admit_many", keys, args, scope_of(limits[0].key), alone)
+        scope = scope_of(limits[0].key)
+        (reply,) = await self._rides.ride("admit_many", keys, args, scope, alone, wait_s=self._background_ride_s)
         return _admission(limits, reply)
 
     @checks_own_cancellation
@@ -483,6 +486,12 @@ class RedisStore:
         await self._rides.ride("settle", keys, args, scope, alone)
         raise_if_cancelled_since(task, before, "RedisStore.settle_many")
 
+    async def _background(
+        self, script: str, keys: list[str], args: list[str], alone: Callable[[], Awaitable[Any]]
+    ) -> Any:
+        """A read or write of a background loop on fleet-wide keys, riding on the next admit (one Redis only)."""
+        return await self._rides.ride(script, keys, args, None, alone, wait_s=self._background_ride_s)
+
     async def _carry(self, riders: list[Rider], own: Sequence[_Call]) -> list[Any]:
         """Run ``riders`` and then the caller's ``own`` calls in one bundle script call; the replies of ``own``.
         The bundle is sent by a task of its own, so a caller cancelled meanwhile leaves the riders their replies."""
@@ -525,7 +534,7 @@ class RedisStore:
     async def worker_states(self) -> dict[str, WorkerState]:
         keys, args = [self._keys.workers()], [self._keys.worker_state_prefix()]
         alone = functools.partial(self._worker_states, keys=keys, args=args)
-        texts: list[str] = await self._rides.ride("worker_states", keys, args, None, alone)
+        texts: list[str] = await self._background("worker_states", keys, args, alone)
         states = [WorkerState.model_validate_json(t) for t in texts]
         return {s.worker_id: s for s in states}
 
@@ -539,7 +548,7 @@ class RedisStore:
     async def ejected(self, *, now: float) -> dict[str, float]:
         keys, args = [self._keys.ejected("until")], [_num(now)]
         alone = functools.partial(self._ejected, keys=keys, args=args)
-        flat: list[str] = await self._rides.ride("ejected", keys, args, None, alone)
+        flat: list[str] = await self._background("ejected", keys, args, alone)
         return {worker_id: float(until) for worker_id, until in zip(flat[::2], flat[1::2], strict=True)}
 
     # leader lease --------------------------------------------------------------------------------------
@@ -557,7 +566,7 @@ class RedisStore:
     async def replica_heartbeat(self, replica_id: str, *, ttl_s: float, now: float) -> int:
         keys, args = [self._keys.replicas()], [_num(now), replica_id, _num(ttl_s), self._clock_flag]
         alone = functools.partial(self._heartbeat, keys=keys, args=args)
-        return int(await self._rides.ride("replica_heartbeat", keys, args, None, alone))
+        return int(await self._background("replica_heartbeat", keys, args, alone))
 
     # usage ledger --------------------------------------------------------------------------------------
     @checks_own_cancellation
@@ -723,7 +732,7 @@ class RedisStore:
     async def docs(self, collection: str) -> dict[str, str]:
         keys, args = [self._keys.doc_ids(collection)], [self._keys.doc_prefix(collection)]
         alone = functools.partial(self._docs, keys=keys, args=args)
-        flat: list[str] = await self._rides.ride("docs", keys, args, None, alone)
+        flat: list[str] = await self._background("docs", keys, args, alone)
         return dict(zip(flat[::2], flat[1::2], strict=True))
 
     async def delete_doc(self, collection: str, doc_id: str) -> bool:

@@ -7,10 +7,13 @@ replica heartbeat) would each cost a command of their own on top. Each of them c
 every few milliseconds while requests flow, so they ride on it: the store then runs one command per admit and none
 besides.
 
-A rider waits only while admits flow (the last one was sent within ``wait_s``) and at most ``wait_s``; then it goes
-alone, exactly as it would have without rides. A controller, which never admits, never waits. On a single Redis any
-rider goes with any admit (one script may touch any key); on Redis Cluster only a rider whose keys live in the admit's
-tenant slot (its ledger append, its settlements, its lease grants): the others go alone.
+A rider waits only while admits flow (the last one was sent within its wait) and at most its wait; then it goes
+alone, exactly as it would have without rides. A settlement waits ``RIDE_S`` at most (another replica may wait for its
+slot release), and so does a ledger append (a record in memory is lost with the process); the calls that only their own
+loops wait for (lease grants, spend reads, background reads, the heartbeat) wait up to ``BACKGROUND_RIDE_S``, so that a
+stalled moment of a loaded machine does not send them alone. A controller, which never admits, never waits. On a single
+Redis any rider goes with any admit (one script may touch any key); on Redis Cluster only a rider whose keys live in the
+admit's tenant slot (its ledger append, its settlements, its lease grants): the others go alone.
 
 What a rider's caller sees is what the call alone would have given: its reply, its error (a failing rider does not
 fail the others, nor the admit), or the carrying call's failure (a lost connection: the call may have run, as for any
@@ -29,6 +32,10 @@ from typing import Any
 RIDE_S = 0.02
 """The longest a rider waits for an admit, seconds. A settlement's slot release reaches the store within
 ``settle_linger_s`` + this after the response (keep the sum under ``concurrency_grace_s``, 50 ms by default)."""
+
+BACKGROUND_RIDE_S = 0.2
+"""The longest a lease grant, a spend read, a background read or a heartbeat waits for an admit, seconds (each of them
+is at least half a second ahead of need)."""
 
 _ALONE = object()
 """A rider's result when no admit took it in time: its caller sends it alone."""
@@ -69,15 +76,19 @@ class Rides:
         args: Sequence[str],
         scope: str | None,
         alone: Callable[[], Awaitable[Any]],
+        *,
+        wait_s: float | None = None,
     ) -> Any:
         """The reply of ``script`` on ``keys`` and ``args``: carried by the next admit when one comes within
-        ``wait_s`` while admits flow, else ``alone()``."""
-        if self.wait_s <= 0 or (self._scoped and scope is None) or time.monotonic() - self._admit_at > self.wait_s:
+        ``wait_s`` (default: the queue's ``wait_s``; never more than that when it is 0) while admits flow, else
+        ``alone()``."""
+        wait_s = self.wait_s if wait_s is None or self.wait_s <= 0 else wait_s
+        if wait_s <= 0 or (self._scoped and scope is None) or time.monotonic() - self._admit_at > wait_s:
             return await alone()
         loop = asyncio.get_running_loop()
         rider = Rider(script, keys, args, scope, loop.create_future())
         self.waiting.append(rider)
-        timer = loop.call_later(self.wait_s, self._go_alone, rider)
+        timer = loop.call_later(wait_s, self._go_alone, rider)
         try:
             reply = await rider.reply
         finally:
