@@ -134,3 +134,39 @@ def gearshift_launchers(source: Path | None = None, *, suffix: str = "") -> list
     if source is None:  # an older revision may not have --workers
         launchers.append(GearshiftLauncher("gearshift-redis-2proc", redis=True, workers=2))
     return launchers
+
+
+def limits_note(workers: int = 1) -> list[str]:
+    """How a gateway on Redis enforces the bench tenant's limits (``bench_tenants``) under the default lease policy
+    (``GatewaySettings.lease_*``), as Markdown bullets; ``workers`` processes share each leased limit."""
+    from fleet.store.rides import RIDE_S
+    from gateway.intake.leases import LeasePolicy
+    from gateway.settings import GatewaySettings
+
+    fields = GatewaySettings.model_fields
+    policy = LeasePolicy(
+        fraction=fields["lease_fraction"].default,
+        ttl_s=fields["lease_ttl_s"].default,
+        refill_at=fields["lease_refill_at"].default,
+        max_outstanding=fields["lease_max_outstanding"].default,
+    )
+    (tenant,) = bench_tenants("").tenants
+    assert tenant.rpm is not None
+    assert tenant.tpm is not None
+    assert tenant.budget_usd is not None
+    share = 1.0 / workers
+    return [
+        f"- RPM {tenant.rpm:,}: **leased**, slices of {policy.size(tenant.rpm, share):,} requests per process "
+        f"(renewed {policy.ttl_s:g} s after each grant), served without the store.",
+        f"- TPM {tenant.tpm:,}: **leased**, slices of {policy.size(tenant.tpm, share):,} tokens, corrected there.",
+        f"- Budget {tenant.budget_usd:,.0f} USD: **leased** (the last spend the store reported, fresh for "
+        f"{policy.ttl_s:g} s, under the limit less a {policy.headroom(1.0, share):.0%} headroom); it rides on the "
+        "concurrency admit, where it is checked exactly.",
+        f"- Concurrency {tenant.max_concurrency:,}: **exact**, one admit per request in the store (the admits of one "
+        "event-loop tick are one script call).",
+        f"- Everything else rides on those admits while they flow (`fleet.store.rides`, at most {RIDE_S * 1000:g} ms): "
+        "ledger "
+        "appends, settlements (slot releases, token corrections), lease grants and returns, and the background reads "
+        "(worker states, ejections, plans, modes, run-time tenants, the replica heartbeat). At c=1 the floor is one "
+        "command per request; at higher concurrency one admit carries many requests.",
+    ]

@@ -115,6 +115,7 @@ def render(result: GatewayBenchResult, *, command: str, plot_names: tuple[str, s
     lines += ["### Targets measured", ""]
     lines += [table(["target", "what runs"], [[n, note] for n, note in result.targets], align="ll"), ""]
     lines += _throughput_section(result, names)
+    lines += _commands_section(result)
     lines += _first_chunk_section(result, names)
     lines += _profile_section(result)
     lines += ["## Plots", "", f"![requests per second]({plot_names[0]})", "", f"![added latency]({plot_names[1]})", ""]
@@ -137,9 +138,10 @@ def _throughput_section(result: GatewayBenchResult, names: list[str]) -> list[st
         "minus the direct upstream's in the same run. *vs floor* is the target's rate over the minimal "
         "pass-through's. *CPU µs/req* is the CPU time (user + system, from `/proc/<pid>/stat`) the proxy process "
         "used during the run divided by the requests it served: what one request costs the proxy's core. "
-        "*Redis cmd/req* is the scripts and transactions the bench's Redis ran during the run (EVALSHA, EVAL and EXEC "
-        "in `INFO commandstats`: the gateway's round trips; the commands a script runs inside Redis are not counted) "
-        "divided by the requests served; both Redis targets' background loops count in each other's runs.",
+        "*Redis cmd/req* is the scripts and transactions the target's Redis ran during the run (EVALSHA, EVAL and "
+        "EXEC in `INFO commandstats`: the gateway's round trips; the commands a script runs inside Redis are not "
+        "counted) divided by the requests served; each Redis target has a redis-server of its own, so only its own "
+        "commands count.",
         *_rounds_note(result),
         "",
         "### Throughput and latency table",
@@ -174,6 +176,50 @@ def _throughput_section(result: GatewayBenchResult, names: list[str]) -> list[st
     header = ["mode", "c", "target", "req/s", "CPU µs/req", "Redis cmd/req", "p50 ms", "p99 ms"]
     header += ["added p50 ms", "added p99 ms", "vs floor", "spread", "errors"]
     lines += [table(header, [[_num(v) for v in r] for r in rows], align="lrl" + "r" * 10), ""]
+    return lines
+
+
+MIX_COLUMNS = 7
+"""Commands named in the command mix table (the most frequent); the rest are summed as *other*."""
+
+
+def _commands_section(result: GatewayBenchResult) -> list[str]:
+    from bench.gateway.gearshift_target import limits_note
+
+    lines = [
+        "## Redis commands",
+        "",
+        "How the gateway on Redis enforces the bench tenant's limits (the default lease policy; with "
+        "`--workers 2` each process leases half the slice):",
+        "",
+        *limits_note(),
+        "",
+    ]
+    mixes = result.command_mix
+    if not mixes:
+        return [*lines, "No command mix was recorded in this run.", ""]
+    totals: dict[str, int] = {}
+    for mix in mixes:
+        for name, count in mix.counts.items():
+            totals[name] = totals.get(name, 0) + count
+    named = sorted(totals, key=lambda n: (-totals[n], n))[:MIX_COLUMNS]
+    rows = []
+    for mix in mixes:
+        other = sum(count for name, count in mix.counts.items() if name not in named)
+        per = [mix.per_request(name) for name in named]
+        rows.append([mix.target, mix.concurrency, mix.requests, mix.total_per_request, *per,
+                     other / mix.requests if mix.requests else None])  # fmt: skip
+    lines += [
+        f"Top-level commands per request by name in an untimed json run of {result.config.command_mix_s:g} s per "
+        "target and concurrency after the timed cells (`MONITOR` on the target's own redis-server; "
+        "`evalsha:<script>` names the gearshift script a call ran, `bundle` being an admit that carried riders). "
+        "Unlike *Redis cmd/req* above (EVALSHA, EVAL and EXEC only), every top-level command counts here.",
+        "",
+        "### Redis command mix table",
+        "",
+    ]
+    header = ["target", "c", "requests", "cmd/req", *named, "other"]
+    lines += [table(header, [[_num(v) for v in r] for r in rows], align="lrr" + "r" * (len(named) + 2)), ""]
     return lines
 
 

@@ -1,8 +1,10 @@
 """The gateway-cost benchmark: every target side by side in one invocation, on the same upstream.
 
 Placement (2 cores): each proxy runs alone on the first CPU; wrk, the fake upstream, the first-chunk client and
-Redis share the second. Targets are measured interleaved (for each mode and concurrency, every target in
-turn) so slow drift of the machine affects all of them alike. Each target gets a short warm-up first.
+Redis share the second. Each target on Redis has a redis-server of its own, so the commands counted in its runs are
+its own (an idle target's background loops would count in another's runs on a shared one). Targets are measured
+interleaved (for each mode and concurrency, every target in turn) so slow drift of the machine affects all of them
+alike. Each target gets a short warm-up first.
 """
 
 from __future__ import annotations
@@ -18,10 +20,11 @@ from statistics import median
 from typing import Literal
 
 from bench.gateway import profile as profiling
+from bench.gateway.commands import Monitor, redis_commands
 from bench.gateway.targets import Target, TargetLauncher, UpstreamLauncher
 from bench.gateway.ttfc import FirstChunkResult
 from bench.gateway.wrk import WrkResult, chat_body, run_wrk, write_script
-from bench.procs import ProcessFailed, available_cpus, pinned, process_cpu_s, python_module, start_redis
+from bench.procs import Proc, ProcessFailed, available_cpus, pinned, process_cpu_s, python_module, start_redis
 
 Mode = Literal["json", "stream"]
 MODES: tuple[Mode, ...] = ("json", "stream")
@@ -40,6 +43,9 @@ class GatewayBenchConfig:
     repeat: int = 1
     """Rounds of the whole measurement; each round runs every target once per (mode, concurrency), so targets
     are interleaved in time and share the machine's drift. Reported figures are per-field medians."""
+    command_mix_s: float = 3.0
+    """Seconds of the untimed run per Redis target and concurrency (c=1 and the highest) whose commands ``MONITOR``
+    names (0 turns it off)."""
 
 
 @dataclass(frozen=True)
@@ -65,8 +71,8 @@ class Measurement:
     cpu_s: float | None = None
     """CPU seconds (user + system) the proxy process used during the wrk run; None for the direct upstream."""
     redis_commands: int | None = None
-    """Redis scripts and transactions (``redis_commands``) during the wrk run, for a target on the bench's Redis;
-    None for the others."""
+    """Redis scripts and transactions (``bench.gateway.commands.redis_commands``) during the wrk run, for a target on
+    Redis (its own redis-server); None for the others."""
 
     @property
     def redis_commands_per_request(self) -> float | None:
@@ -82,6 +88,24 @@ class Measurement:
         return self.cpu_s * 1e6 / self.wrk.requests
 
 
+@dataclass(frozen=True)
+class CommandMix:
+    """The top-level commands one Redis target sent during an untimed json run at ``concurrency``, by name
+    (``bench.gateway.commands.Monitor``: ``evalsha:<script>`` for a script call)."""
+
+    target: str
+    concurrency: int
+    requests: int
+    counts: dict[str, int]
+
+    def per_request(self, name: str) -> float | None:
+        return self.counts.get(name, 0) / self.requests if self.requests > 0 else None
+
+    @property
+    def total_per_request(self) -> float | None:
+        return sum(self.counts.values()) / self.requests if self.requests > 0 else None
+
+
 @dataclass
 class GatewayBenchResult:
     placement: Placement
@@ -90,6 +114,7 @@ class GatewayBenchResult:
     measurements: list[Measurement] = field(default_factory=list)
     first_chunk: dict[str, FirstChunkResult] = field(default_factory=dict)
     profiles: list[profiling.ProfileSummary] = field(default_factory=list)
+    command_mix: list[CommandMix] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
     """Targets that could not be started or measured, with the reason."""
     config: GatewayBenchConfig = field(default_factory=GatewayBenchConfig)
@@ -148,24 +173,6 @@ def tree_cpu_s(pid: int) -> float | None:
     return own + sum(tree_cpu_s(int(child)) or 0.0 for child in children)
 
 
-_ROUND_TRIP_COMMANDS = ("cmdstat_evalsha", "cmdstat_eval", "cmdstat_exec")
-"""What the gateway sends Redis on the request path: Lua scripts (admit, settle, ledger append) and transactions.
-``INFO commandstats`` also counts every command a script runs inside Redis, so a sum over all commands would count
-one EVALSHA as 5-20; plain commands outside scripts (a few per second of background reads) are left out too."""
-
-
-def redis_commands(url: str) -> int:
-    """Scripts and transactions the Redis at ``url`` has run so far (``INFO commandstats``): the gateway's calls."""
-    import redis
-
-    client = redis.Redis.from_url(url)
-    try:
-        stats: dict[str, dict[str, int]] = client.info("commandstats")
-    finally:
-        client.close()
-    return sum(int(stats[k]["calls"]) for k in _ROUND_TRIP_COMMANDS if k in stats)
-
-
 def placement() -> Placement:
     cpus = available_cpus()
     if len(cpus) < 2:
@@ -190,21 +197,28 @@ def _first_chunk(target: Target, *, duration_s: float, cpu: int | None) -> First
     return FirstChunkResult(**json.loads(done.stdout.strip().splitlines()[-1]))
 
 
+def on_redis(name: str) -> bool:
+    """A target whose store is Redis (``gearshift-redis``, ``gearshift-redis-2proc``, ``gearshift-redis@REV``)."""
+    return "redis" in name
+
+
 def _start_targets(
     launchers: Sequence[TargetLauncher],
     upstream: Target,
-    redis_url: str,
+    redis: Callable[[str], Proc],
     result: GatewayBenchResult,
     *,
     cpu: int | None,
     logs: Path,
     progress: Progress,
 ) -> list[Target]:
+    """Start every launcher's proxy; ``redis(name)`` gives the redis-server of the target ``name``."""
     started = []
     for launcher in launchers:
         progress(f"starting {launcher.name}")
         try:
-            target = launcher.launch(upstream=upstream.base_url, redis_url=redis_url, cpu=cpu, log_dir=logs)
+            url = redis(launcher.name).url
+            target = launcher.launch(upstream=upstream.base_url, redis_url=url, cpu=cpu, log_dir=logs)
         except (ProcessFailed, OSError, ValueError) as exc:
             result.failures.append(f"{launcher.name}: could not start: {exc}")
             continue
@@ -226,20 +240,26 @@ def run(
     logs = work / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     started: list[Target] = []
-    redis_child = None
+    servers: dict[str, Proc] = {}
+    """redis-servers by target name ("" for the one the targets not on Redis are given)."""
+
+    def redis(name: str) -> Proc:
+        key = name if on_redis(name) else ""
+        if key not in servers:
+            servers[key] = start_redis(cpu=place.load_cpu, log_dir=logs / f"redis-{key or 'shared'}")
+        return servers[key]
+
     try:
         upstream = UpstreamLauncher().launch(cpu=place.load_cpu, log_dir=logs)
         started.append(upstream)
-        redis_child = start_redis(cpu=place.load_cpu, log_dir=logs)
-        redis_url = redis_child.url
         result = GatewayBenchResult(placement=place, targets=[(upstream.name, upstream.note)], config=config)
-        started += _start_targets(
-            launchers, upstream, redis_url, result, cpu=place.proxy_cpu, logs=logs, progress=progress
-        )
-        driver = _Driver(result, config, write_script(work), place.load_cpu, progress, redis_url)
+        started += _start_targets(launchers, upstream, redis, result, cpu=place.proxy_cpu, logs=logs, progress=progress)
+        redis_of = {name: proc for name, proc in servers.items() if name}
+        driver = _Driver(result, config, write_script(work), place.load_cpu, progress, redis_of)
         answering = driver.warm_up(started)
         driver.measure(answering)
         driver.first_chunks(answering)
+        driver.command_mixes(answering)
         for target in answering:
             if target.name in config.profile_targets and config.profile_s > 0:
                 driver.profile(target, work)
@@ -247,8 +267,8 @@ def run(
     finally:
         for target in reversed(started):
             target.stop()
-        if redis_child is not None:
-            redis_child.stop()
+        for proc in servers.values():
+            proc.stop()
 
 
 @dataclass
@@ -260,7 +280,8 @@ class _Driver:
     script: Path
     cpu: int | None
     progress: Progress
-    redis_url: str | None = None
+    redis_of: dict[str, Proc] = field(default_factory=dict)
+    """Each Redis target's own redis-server, by target name."""
 
     def load(self, target: Target, mode: Mode, connections: int, seconds: float) -> WrkResult:
         body = chat_body(stream=mode == "stream")
@@ -299,8 +320,8 @@ class _Driver:
                     self.progress(f"{label}{mode} c={c} → {target.name}")
                     pid = target.child.pid if target.child is not None and target.name != "direct" else None
                     before = tree_cpu_s(pid) if pid is not None else None
-                    on_redis = self.redis_url is not None and "redis" in target.name
-                    commands_before = redis_commands(self.redis_url) if on_redis and self.redis_url else 0
+                    redis = self.redis_of.get(target.name)
+                    commands_before = redis_commands(redis.url) if redis is not None else 0
                     try:
                         wrk = self.load(target, mode, c, self.config.duration_s)
                     except ProcessFailed as exc:
@@ -308,7 +329,7 @@ class _Driver:
                         continue
                     after = tree_cpu_s(pid) if pid is not None else None
                     cpu_s = after - before if after is not None and before is not None else None
-                    commands = redis_commands(self.redis_url) - commands_before if on_redis and self.redis_url else None
+                    commands = redis_commands(redis.url) - commands_before if redis is not None else None
                     self.result.measurements.append(Measurement(target.name, mode, c, wrk, cpu_s, commands))
                     time.sleep(0.2)  # let the last run's sockets close before the next one starts
 
@@ -321,6 +342,25 @@ class _Driver:
                 )
             except (ProcessFailed, subprocess.TimeoutExpired, ValueError) as exc:
                 self.result.failures.append(f"{target.name}: first chunk: {exc}")
+
+    def command_mixes(self, targets: list[Target]) -> None:
+        """For each target on Redis, an untimed json run at c=1 and at the highest concurrency whose commands
+        ``MONITOR`` names (``CommandMix``)."""
+        seconds = min(self.config.command_mix_s, max(self.config.duration_s, 1.0))  # no longer than a timed cell
+        for target in targets:
+            redis = self.redis_of.get(target.name)
+            if redis is None or seconds <= 0:
+                continue
+            for c in sorted({1, max(self.config.concurrencies)}):
+                self.progress(f"command mix c={c} → {target.name}")
+                try:
+                    with Monitor(redis.port) as monitor:
+                        wrk = self.load(target, "json", c, seconds)
+                except (ProcessFailed, OSError) as exc:
+                    self.result.failures.append(f"{target.name}: command mix c={c}: {exc}")
+                    continue
+                mix = CommandMix(target.name, c, wrk.requests, dict(monitor.counts))
+                self.result.command_mix.append(mix)
 
     def profile(self, target: Target, work: Path, rate_hz: int = 200) -> None:
         """py-spy on ``target`` while wrk drives it at the highest concurrency, half plain, half streaming."""

@@ -106,6 +106,11 @@ def test_bench_gateway_smoke(tmp_path: Path) -> None:
     assert all(r[-1] == "0" for r in rows)
     _, rows = parse_table(md, "### Targets table")
     assert {r[0] for r in rows} == set(targets) - {"direct"}
+    header, rows = parse_table(md, "### Redis command mix table")  # each Redis target's own commands, by name
+    assert {(r[0], r[1]) for r in rows} == {("gearshift-redis", "1"), ("gearshift-redis-2proc", "1")}
+    assert header[:4] == ["target", "c", "requests", "cmd/req"]
+    assert any(name.startswith("evalsha:") for name in header[4:])
+    assert "Concurrency 100,000: **exact**" in md
     assert "## Failures" not in md
     _assert_pngs(md, tmp_path, 2)
 

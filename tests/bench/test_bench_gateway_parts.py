@@ -1,17 +1,23 @@
-"""The gateway bench's parts: the fake upstream on loopback, wrk's summary line, py-spy's collapsed stacks."""
+"""The gateway bench's parts: the fake upstream on loopback, wrk's summary line, py-spy's collapsed stacks, the
+Redis command mix (``MONITOR`` on a real Redis) and the tenant's limits as the report states them."""
 
 from __future__ import annotations
 
 import socket
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import aiohttp
 import pytest
+import redis
 
 from bench.gateway import upstream
+from bench.gateway.commands import Monitor
+from bench.gateway.gearshift_target import bench_tenants, limits_note
 from bench.gateway.profile import LOOP_ITSELF, component_of, summarise
 from bench.gateway.wrk import chat_body, parse_output
-from bench.procs import ProcessFailed
+from bench.procs import ProcessFailed, start_redis
+from fleet.store import lua
 
 
 @pytest.fixture
@@ -96,3 +102,32 @@ def test_profile_summary_shares() -> None:
     assert p.top_self[0][1] == pytest.approx(0.6)
     assert component_of("bench/gateway/passthrough.py") == "bench pass-through / launcher"
     assert component_of("/work/main/gateway/app.py") == "gateway (gearshift)"
+
+
+@pytest.mark.redis
+def test_the_command_mix_names_each_script_call_and_leaves_out_what_scripts_run(tmp_path: Path) -> None:
+    server = start_redis(log_dir=tmp_path)
+    client = redis.Redis.from_url(server.url, decode_responses=True)
+    try:
+        sha = client.script_load(lua.EJECTED)
+        bundle = client.script_load(lua.BUNDLE)
+        with Monitor(server.port) as monitor:
+            for _ in range(3):
+                client.evalsha(sha, 1, "{ejected}:until", "0")  # two commands inside the script each time
+            client.evalsha(bundle, 1, "{ejected}:until", "1", lua.BUNDLE_INDEX["ejected"], "1", "1", "0")
+            client.set("k", "v")
+            client.get("k")
+    finally:
+        client.close()
+        server.stop()
+    assert dict(monitor.counts) == {"evalsha:ejected": 3, "evalsha:bundle": 1, "set": 1, "get": 1}
+
+
+def test_the_report_states_which_limits_are_leased_and_which_exact() -> None:
+    (tenant,) = bench_tenants("").tenants
+    note = "\n".join(limits_note())
+    assert f"Concurrency {tenant.max_concurrency:,}: **exact**" in note
+    for what in ("RPM", "TPM", "Budget"):
+        assert f"- {what} " in note
+    assert note.count("**leased**") == 3
+    assert f"{int((tenant.rpm or 0) * 0.005 / 2):,} requests" in "\n".join(limits_note(workers=2))
