@@ -69,6 +69,7 @@ def test_at_k0_the_skip_runs_no_drafter_and_greedy_outputs_equal_the_server_with
     log = Path(servers["log"]).read_text()
     assert "idle-drafter skip on the V1 runner: DraftModelSkip" in log
     assert "idle-drafter skip: first step without a drafter forward" in log
+    assert "idle-drafter skip: a step at k = 0 run without speculative metadata" in log  # the plain sampler's
 
 
 def test_after_k_returns_the_caught_up_drafter_is_accepted_as_on_a_batch_that_never_left(

@@ -6,7 +6,10 @@ vLLM itself imports the runner module: a ``sys.meta_path`` finder wraps the modu
 module right after it executes (at once when it is already imported).
 
 - V1 runner (``vllm.v1.worker.gpu_model_runner``, the CPU worker's): ``GPUModelRunner.propose_draft_token_ids``
-  goes behind ``workers.vllm.idle_v1.with_skip``.
+  goes behind ``workers.vllm.idle_v1.with_skip``; ``_prepare_inputs`` and ``_calc_spec_decode_metadata``
+  behind ``with_plain_step`` and ``with_plain_step_metadata`` (a step at k = 0 runs without speculative
+  metadata), ``_sample`` behind ``with_plain_sampler`` (a step that verifies no drafts is sampled as without
+  speculation).
 - Model Runner V2 (``vllm.v1.worker.gpu.model_runner``, GPUs): ``GPUModelRunner.load_model`` wraps the built
   speculator's ``propose`` (``workers.vllm.idle_v2``).
 """
@@ -68,10 +71,13 @@ def _patch_once(module: ModuleType, patch: Callable[[ModuleType], None]) -> None
 
 
 def _patch_v1(module: ModuleType) -> None:
-    from workers.vllm.idle_v1 import with_skip
+    from workers.vllm import idle_v1
 
     runner = module.GPUModelRunner
-    runner.propose_draft_token_ids = with_skip(runner.propose_draft_token_ids)
+    runner.propose_draft_token_ids = idle_v1.with_skip(runner.propose_draft_token_ids)
+    runner._sample = idle_v1.with_plain_sampler(runner._sample)
+    runner._prepare_inputs = idle_v1.with_plain_step(runner._prepare_inputs)
+    runner._calc_spec_decode_metadata = idle_v1.with_plain_step_metadata(runner._calc_spec_decode_metadata)
     log.debug("gearshift: idle-drafter skip installed on the V1 runner")
 
 

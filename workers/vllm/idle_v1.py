@@ -14,13 +14,30 @@ already "run only the state-keeping first pass"):
 - ``ngram``: at k = 0 nothing runs (it has no state: it reads the token ids every step).
 - ``draft_model``: at k = 0, on a step that verifies no drafts (the step where k drops still verifies the
   previous step's; vLLM builds ``SpecDecodeMetadata`` with zero drafts on the others), only the bookkeeping the
-  runner needs for its next step runs (``prepare_next_token_ids_padded`` and
-  ``_copy_valid_sampled_token_count``, as vLLM does itself when the input does not fit the drafter), and the
-  step's token ids and positions are stashed (device tensors, exact under async scheduling, where the CPU
-  copies hold placeholders). The first step at k > 0 replays every stashed position of each request in one
-  batched drafter forward (a prefill of the hole, chunked to the token budget) before drafting, so the
-  drafter's KV is what it would have been. Cost: one drafter prefill of the positions skipped, once per return
+  runner needs for its next step runs, and the step's token ids and positions are stashed (device tensors,
+  exact under async scheduling, where the CPU copies hold placeholders). That bookkeeping is
+  ``prepare_next_token_ids_padded`` and ``_copy_valid_sampled_token_count``, and only under async scheduling:
+  without it (the CPU worker: vLLM's CPU platform turns async scheduling off) the copy returns at once and
+  nothing reads the next token ids, so vLLM itself skips both when the input does not fit the drafter. The
+  first step at k > 0 replays every stashed position of each request in one batched drafter forward (a
+  prefill of the hole, chunked to the token budget) before drafting, so the drafter's KV is what it would
+  have been. Cost: one drafter prefill of the positions skipped, once per return
   to k > 0, against one drafter forward per step on every skipped step.
+
+Steps without drafts run as without speculation. The profile of k = 0 (``workers.vllm.profile_idle``) named
+what the skip left per step: stock V1 builds ``SpecDecodeMetadata`` for zero drafts and sends the step through
+the rejection sampler, whose output for zero drafts is the bonus token it samples with the same sampler, logits
+and generators (it draws no random numbers for a request without drafts), plus kernels and copies that change
+nothing. So (both only where the sampling needs nothing else of the rejection sampler: no logprobs, thinking
+budget or synthetic acceptance):
+
+- a step at k = 0 that schedules no draft gets no metadata at all (``with_plain_step``: ``_prepare_inputs``
+  returns None for it, with the logits indices a runner without speculation computes); its sampler is the
+  plain one, and the skip's proposal, the only other reader, reads none;
+- any other step that verifies no drafts (the first at k > 0, a prefill) is sampled by the plain sampler
+  (``with_plain_sampler``).
+
+Model Runner V2 does this already (``sample``: the plain sampler when ``input_batch.num_draft_tokens == 0``).
 """
 
 from __future__ import annotations
@@ -37,6 +54,8 @@ from workers.vllm.drafter_lag import CatchUp, DrafterLag, pack
 log = logging.getLogger("vllm.gearshift")
 
 _SKIP_ATTR = "_gearshift_idle_drafter"
+_PLAIN_STEP_ATTR = "_gearshift_plain_step"
+"""Set by ``with_plain_step`` for the length of one ``_prepare_inputs``: the step runs without speculation."""
 _PRUNE_EVERY = 64
 """Skipped steps between drops of finished requests from the ledger (and their stashed tensors)."""
 
@@ -75,10 +94,11 @@ class DraftModelSkip:
     def _skip(self, runner: Any, scheduler_output: Any, sampled_token_ids: Any) -> Any:
         batch = runner.input_batch
         num_reqs = batch.num_reqs
-        next_token_ids, valid_counts = runner.drafter.prepare_next_token_ids_padded(
-            sampled_token_ids, runner.requests, batch, runner.discard_request_mask.gpu
-        )
-        runner._copy_valid_sampled_token_count(next_token_ids, valid_counts)
+        if runner.valid_sampled_token_count_event is not None:  # async scheduling: the next step reads them
+            next_token_ids, valid_counts = runner.drafter.prepare_next_token_ids_padded(
+                sampled_token_ids, runner.requests, batch, runner.discard_request_mask.gpu
+            )
+            runner._copy_valid_sampled_token_count(next_token_ids, valid_counts)
         num_tokens = scheduler_output.total_num_scheduled_tokens
         step = self.lag.skipped(
             batch.req_ids[:num_reqs], runner.query_start_loc.np[: num_reqs + 1], batch.num_computed_tokens_cpu
@@ -169,6 +189,104 @@ class DraftModelSkip:
             drafter.model(
                 input_ids=drafter.input_ids[:num_tokens], positions=drafter.positions[:num_tokens], inputs_embeds=None
             )
+
+
+def needs_rejection_sampler(runner: Any) -> bool:
+    """The step's sampling reads what only the rejection sampler gives, even with zero drafts: logprobs (it
+    computes them its own way), a thinking budget (its token layout differs in speculative mode), synthetic
+    acceptance (it draws random numbers even for greedy requests)."""
+    sampling = runner.input_batch.sampling_metadata
+    holder = sampling.thinking_budget_state_holder
+    return (
+        sampling.max_num_logprobs is not None
+        or bool(sampling.logprob_token_ids)
+        or (holder is not None and holder.has_tracked_requests())
+        or getattr(runner.rejection_sampler, "synthetic_mode", False)
+    )
+
+
+def plain_sampler_is_exact(runner: Any, spec_decode_metadata: Any) -> bool:
+    """The step has ``SpecDecodeMetadata`` but verifies no draft, and its sampling needs nothing else of the
+    rejection sampler."""
+    if spec_decode_metadata is None or verifies_drafts(spec_decode_metadata):
+        return False
+    return not needs_rejection_sampler(runner)
+
+
+def with_plain_sampler(original: Original) -> Original:
+    """``GPUModelRunner._sample`` (V1): a step whose metadata verifies no drafts goes to the plain sampler (the
+    steps at k = 0 have no metadata left, ``with_plain_step``; this is for the others: the first at k > 0, a
+    prefill)."""
+    logged: list[bool] = []
+
+    @functools.wraps(original)
+    def _sample(self: Any, logits: Any, spec_decode_metadata: Any) -> Any:
+        if plain_sampler_is_exact(self, spec_decode_metadata):
+            if not logged:
+                logged.append(True)
+                log.info("gearshift: idle-drafter skip: a step without drafts sampled by the plain sampler")
+            return original(self, logits, None)
+        return original(self, logits, spec_decode_metadata)
+
+    return _sample
+
+
+class _NonSpeculative:
+    """What ``_calc_spec_decode_metadata`` gives ``_prepare_inputs`` on a step run without speculation: the one
+    field ``_prepare_inputs`` reads, ``logits_indices``, as a runner without speculation computes it."""
+
+    __slots__ = ("logits_indices",)
+
+    def __init__(self, logits_indices: Any) -> None:
+        self.logits_indices = logits_indices
+
+
+def runs_without_speculation(runner: Any, scheduler_output: Any) -> bool:
+    """The step schedules no draft at k = 0 and the plugin's skip proposes for it (which reads no metadata), and
+    its sampling needs nothing of the rejection sampler: it can run as a step of a runner without speculation."""
+    return (
+        scheduler_output.num_spec_tokens_to_schedule == 0
+        and not scheduler_output.scheduled_spec_decode_tokens
+        and skip_for(runner) is not None
+        and not needs_rejection_sampler(runner)
+    )
+
+
+def with_plain_step(original: Original) -> Original:
+    """``GPUModelRunner._prepare_inputs`` (V1): a step that ``runs_without_speculation`` returns no
+    ``SpecDecodeMetadata``, as without a speculative config: the plain sampler samples it, the skip proposes
+    nothing, and the metadata (index tensors and copies for zero drafts) is never built."""
+    logged: list[bool] = []
+
+    @functools.wraps(original)
+    def _prepare_inputs(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
+        self.__dict__[_PLAIN_STEP_ATTR] = runs_without_speculation(self, scheduler_output)
+        try:
+            result = original(self, scheduler_output, *args, **kwargs)
+        finally:
+            self.__dict__[_PLAIN_STEP_ATTR] = False
+        if not isinstance(result[1], _NonSpeculative):
+            return result
+        if not logged:
+            logged.append(True)
+            log.info("gearshift: idle-drafter skip: a step at k = 0 run without speculative metadata")
+        return (result[0], None, *result[2:])
+
+    return _prepare_inputs
+
+
+def with_plain_step_metadata(original: Original) -> Original:
+    """``GPUModelRunner._calc_spec_decode_metadata`` (V1): on a step that ``runs_without_speculation`` and
+    verifies no drafts, the logits indices without speculation (``query_start_loc[1:] - 1``) instead."""
+
+    @functools.wraps(original)
+    def _calc_spec_decode_metadata(self: Any, num_draft_tokens: Any, cu_num_scheduled_tokens: Any) -> Any:
+        if self.__dict__.get(_PLAIN_STEP_ATTR) and not num_draft_tokens.any():
+            num_reqs = len(num_draft_tokens)
+            return _NonSpeculative(self.query_start_loc.gpu[1 : num_reqs + 1] - 1)
+        return original(self, num_draft_tokens, cu_num_scheduled_tokens)
+
+    return _calc_spec_decode_metadata
 
 
 def verifies_drafts(spec_decode_metadata: Any) -> bool:
