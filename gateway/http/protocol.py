@@ -5,11 +5,19 @@ them, so one slow or hostile client can hold a connection (and its memory) forev
 head as it is parsed and answers ``431`` with an OpenAI error body beyond ``max_header_bytes`` or
 ``max_headers``, and closes a connection whose head is not complete ``header_timeout_s`` after it began (or
 after the connection opened). The rest of the request is uvicorn's.
+
+It also keeps an idle keep-alive connection on which a request is already waiting. uvicorn closes an idle connection
+``timeout_keep_alive`` after its last response; uvloop runs due timers before it reads the sockets, so a loop that
+ran late (a loaded machine) closed, unread, a request that had arrived in time, and its client got no response at
+all. The check costs one ``ioctl`` per keep-alive expiry, nothing per request.
 """
 
 from __future__ import annotations
 
 import asyncio
+import fcntl
+import struct
+import termios
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -37,6 +45,11 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._rejection: str | None = None
         self._in_head = True
         self._head_timer: asyncio.TimerHandle | None = self.loop.call_later(self.header_timeout_s, self._head_timeout)
+
+    def timeout_keep_alive_handler(self) -> None:
+        if _unread_bytes(self.transport):  # a request arrived before the timer ran: reading it cancels the timer
+            return
+        super().timeout_keep_alive_handler()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_head_timer()
@@ -108,6 +121,18 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if self._head_timer is not None:
             self._head_timer.cancel()
             self._head_timer = None
+
+
+def _unread_bytes(transport: asyncio.Transport) -> int:
+    """Bytes received on ``transport``'s socket and not yet read (0 when it cannot tell)."""
+    sock = transport.get_extra_info("socket")
+    if sock is None:
+        return 0
+    try:
+        count: int = struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0"))[0]
+    except (OSError, ValueError):
+        return 0
+    return count
 
 
 def guarded_protocol(settings: GatewaySettings) -> type[GuardedHttpToolsProtocol]:
