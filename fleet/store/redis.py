@@ -18,6 +18,10 @@ entry per record in append order, fields ``tenant`` and ``record``), ``index`` (
 hours and minutes and at most two minutes of single records) and ``ids`` (the request ids already billed, so an
 append is idempotent by request id). Fleet-wide reads (``ledger``) merge the tenants' indexes by time, the tenants
 coming from the ``{ledger}:tenants`` set.
+
+Rides (``fleet.store.rides``): while admits flow, the ledger appends, settlements, lease grants and spend reads
+(``admit_riding``) and the background reads wait a moment for the next admit and go in its script call
+(``lua.BUNDLE``), so a gateway serving a sequential client sends one command per request.
 """
 
 from __future__ import annotations

@@ -183,3 +183,18 @@ async def test_on_a_cluster_only_the_admits_tenant_rides(redis_cluster_url: str,
         assert (await store.usage("other", since=0, until=math.inf)).requests == 2
     finally:
         await store.close()
+
+
+async def test_riders_get_their_replies_when_the_admit_carrying_them_is_cancelled(store: RedisStore) -> None:
+    assert (await store.admit([slot(0)], now=T0)).allowed
+    settle = asyncio.ensure_future(store.settle_many([Settlement("s0", slots=(slot(0),))], now=T0))
+    await riders_waiting(store, 1)
+    admit = asyncio.ensure_future(store.admit([slot(1)], now=T0))
+    await asyncio.sleep(0)  # the admit has sent its bundle and waits for the reply
+    admit.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await admit
+    async with asyncio.timeout(10):
+        await settle  # the settlement ran, and its caller heard so
+    one = [SlotLimit(key="concurrency:acme", slot_id="r2", limit=2)]  # r1 holds one (its admit ran), r0's is free
+    assert (await store.admit(one, now=T0)).allowed
