@@ -10,6 +10,7 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import aiohttp
@@ -40,6 +41,19 @@ class StreamResult:
     transport_error: str | None = None
     """The connection failed (no HTTP status, or the body broke off): the exception's repr."""
     headers: dict[str, str] = field(default_factory=dict)
+    reused: bool | None = None
+    """The request went out on a pooled connection that had served before (False: a new one; None: the session
+    does not trace its connections, ``connection_tracing``)."""
+
+    @property
+    def phase(self) -> str | None:
+        """Where a transport error struck: ``connect`` (no connection), ``before the response`` (sent, no HTTP
+        status: reset, closed by the server, or the client's timeout) or ``mid-body`` (the answer broke off)."""
+        if self.transport_error is None:
+            return None
+        if self.status:
+            return "mid-body"
+        return "connect" if self.transport_error.startswith("ClientConnectorError") else "before the response"
 
     @property
     def ok(self) -> bool:
@@ -103,6 +117,24 @@ def _feed_event(result: StreamResult, event: bytes, now: float) -> None:
         result.last_token_at = now
 
 
+def connection_tracing() -> aiohttp.TraceConfig:
+    """A trace config for the session that tells each ``stream_chat`` result whether its connection was pooled
+    (``StreamResult.reused``)."""
+
+    async def reused(_: aiohttp.ClientSession, ctx: SimpleNamespace, __: object) -> None:
+        if isinstance(ctx.trace_request_ctx, StreamResult):
+            ctx.trace_request_ctx.reused = True
+
+    async def created(_: aiohttp.ClientSession, ctx: SimpleNamespace, __: object) -> None:
+        if isinstance(ctx.trace_request_ctx, StreamResult):
+            ctx.trace_request_ctx.reused = False
+
+    trace = aiohttp.TraceConfig()
+    trace.on_connection_reuseconn.append(reused)
+    trace.on_connection_create_end.append(created)
+    return trace
+
+
 async def stream_chat(
     session: aiohttp.ClientSession,
     url: str,
@@ -120,7 +152,9 @@ async def stream_chat(
     hdrs = {"authorization": f"Bearer {key}", "content-type": "application/json", **(headers or {})}
     try:
         async with asyncio.timeout(timeout_s):
-            async with session.post(url + "/v1/chat/completions", data=orjson.dumps(payload), headers=hdrs) as resp:
+            post = session.post(url + "/v1/chat/completions", data=orjson.dumps(payload), headers=hdrs,
+                                trace_request_ctx=result)  # fmt: skip
+            async with post as resp:
                 result.status = resp.status
                 result.headers = {k.lower(): v for k, v in resp.headers.items()}
                 if resp.status != 200:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from bench.markdown import table
 from bench.soak.ledger import LedgerDiff, ledger_diff
-from bench.soak.run import Finished, SoakResult
+from bench.soak.run import CLIENT_KEEPALIVE_S, Finished, SoakResult
 from fleet.stats import percentile
 
 RSS_GROWTH_LIMIT = 0.10
@@ -44,6 +44,28 @@ def errors_by_type(result: SoakResult) -> tuple[Counter[str], Counter[str]]:
         else:
             unintended[f"{kind} ({f.tenant})"] += 1
     return intended, unintended
+
+
+def transport_rows(result: SoakResult) -> list[list[str]]:
+    """The transport errors (the client got no answer, or only part of one) grouped by exception class, phase
+    (``StreamResult.phase``) and whether the connection was pooled: how many, how long each request ran before it
+    failed (seconds), when (seconds into the run) and on which gateway replicas."""
+    groups: dict[tuple[str, str, str], list[Finished]] = {}
+    for f in result.finished:
+        r = f.result
+        if r.transport_error is None:
+            continue
+        pooled = {True: "pooled", False: "new", None: "?"}[r.reused]
+        groups.setdefault((r.transport_error.split("(", 1)[0], r.phase or "?", pooled), []).append(f)
+    rows = []
+    for (exc, phase, pooled), fs in sorted(groups.items(), key=lambda kv: -len(kv[1])):
+        ran = [f.result.ended - f.result.started for f in fs]
+        replicas = Counter(f.gateway for f in fs)
+        rows.append([exc, phase, pooled, str(len(fs)), f"{min(ran):.2f}–{max(ran):.2f}",
+                     f"{min(f.at_s for f in fs):.0f}–{max(f.at_s for f in fs):.0f}",
+                     ", ".join(f"gateway-{g}: {n}" for g, n in sorted(replicas.items())),
+                     fs[0].result.transport_error or ""])  # fmt: skip
+    return rows
 
 
 def rss_growth(result: SoakResult) -> list[float | None]:
@@ -190,6 +212,23 @@ def write(result: SoakResult, out: Path, *, command: str) -> Path:
             + [[f"UNINTENDED: {k}", str(v)] for k, v in unintended.items()],
         ),
         "",
+        *(
+            [
+                "## Transport errors",
+                "",
+                "By exception, phase (`connect`; `before the response`: sent, no HTTP status; `mid-body`) and "
+                "connection (`pooled`: reused from the clients' pool, which keeps a connection idle at most "
+                f"{CLIENT_KEEPALIVE_S:g} s; `new`).",
+                "",
+                table(
+                    ["exception", "phase", "connection", "count", "ran s", "at s", "replicas", "first"],
+                    transport_rows(result),
+                ),
+                "",
+            ]
+            if any(f.result.transport_error is not None for f in result.finished)
+            else []
+        ),
         "## Latency over time (client side, ms)",
         "",
         table(

@@ -20,7 +20,7 @@ from pathlib import Path
 import aiohttp
 import orjson
 
-from bench.soak.client import StreamResult, stream_chat
+from bench.soak.client import StreamResult, connection_tracing, stream_chat
 from bench.soak.probe import CONNECTIONS_METRIC, TASKS_METRIC, established, open_fds, rss_mib, scrape_gauge
 from bench.soak.stack import KEY_PREFIX, MODEL, SOAK_TENANTS, SoakStack, SoakTenant, soak_stack
 from fleet.store.protocol import UsageRecord
@@ -40,6 +40,13 @@ WORDS = [
     "tenant",
     "lease",
 ]
+
+
+CLIENT_KEEPALIVE_S = 2.0
+"""The clients' pool reuses a connection idle at most this long, below the gateway's keep-alive (uvicorn's 5 s): a
+pooled connection reused just as the server closes it fails with no response (HTTP/1.1's keep-alive race, which a
+client must avoid or retry; the soak does not retry its POSTs). aiohttp's default, 15 s, would put every connection
+idle 5-15 s in that race, and a client loop lagging on a loaded machine widens it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +76,8 @@ class Finished:
     at_s: float
     tenant: str
     result: StreamResult
+    gateway: int = 0
+    """Which gateway replica (index) the request went to."""
 
 
 @dataclass(slots=True)
@@ -141,10 +150,11 @@ async def _client(
     while time.monotonic() < deadline and not abort.is_set():
         tenant = rng.choices(tenants, weights)[0]
         key = rng.choice(stack.secrets.keys[tenant.id])
-        url = stack.gateway_urls[rng.randrange(len(stack.gateway_urls))]
+        replica = rng.randrange(len(stack.gateway_urls))
+        url = stack.gateway_urls[replica]
         timeout = min(cfg.request_timeout_s, max(deadline - time.monotonic(), 0.0) + cfg.request_timeout_s)
         r = await stream_chat(session, url, key=key, body=_body(rng, cfg), timeout_s=timeout)
-        out.append(Finished(at_s=r.ended - t0, tenant=tenant.id, result=r))
+        out.append(Finished(at_s=r.ended - t0, tenant=tenant.id, result=r, gateway=replica))
         if r.transport_error is not None:  # never spin on a broken connection
             await asyncio.sleep(0.1)
         if r.status == 429:  # back off as told, but never past the deadline
@@ -215,8 +225,8 @@ async def run_soak(
         deadline = t0 + cfg.duration_s
         stop, abort = asyncio.Event(), asyncio.Event()
         sampler = asyncio.create_task(_sampler(stack, cfg, t0, result, stop, progress, abort))
-        connector = aiohttp.TCPConnector(limit=0, force_close=False)
-        async with aiohttp.ClientSession(connector=connector) as session:
+        connector = aiohttp.TCPConnector(limit=0, force_close=False, keepalive_timeout=CLIENT_KEEPALIVE_S)
+        async with aiohttp.ClientSession(connector=connector, trace_configs=[connection_tracing()]) as session:
             await asyncio.gather(*(_client(i, stack, cfg, session, deadline, t0, result.finished, abort)
                                    for i in range(cfg.clients)))  # fmt: skip
         result.elapsed_s = time.monotonic() - t0
