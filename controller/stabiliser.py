@@ -209,7 +209,7 @@ def _neighbour_probe(
         return None
     at = gears.index(state.k)
     sides = [gears[i] for i in (at - 1, at + 1) if 0 <= i < len(gears)]
-    if decision.table_k is not None and decision.table_k in gears and decision.table_k != state.k:
+    if decision.basis is Basis.MEASURED and decision.table_k in gears and decision.table_k != state.k:
         sides.append(decision.table_k)  # the evidence for leaving the table is renewed, not remembered
     unmeasured = [c for k in set(sides) if not est.observed_gear(k) and (c := decision.candidate(k)) is not None]
     unmeasured = [c for c in unmeasured if c.feasible or not cur.feasible]

@@ -24,7 +24,7 @@ from bench.policy.controller_lab import lab_controller, lab_fleet
 from bench.policy.controller_policy import ControllerPolicy, tenants_for
 from bench.policy.lab import run_policy
 from bench.policy.lab_policy import LabContext
-from bench.policy.policies import StaticSchedule
+from bench.policy.policies import StaticSchedule, drafter_free_modes
 from bench.policy.run_metrics import RunMetrics, summarise
 from bench.policy.scenario import Scenario, load_scenarios
 from controller.drafter_free import DrafterFreeConfig
@@ -162,6 +162,7 @@ class DrafterFreeStatic(StaticSchedule):
     def bind(self, workers: Sequence[VirtualWorker], ctx: LabContext) -> None:
         for w in workers:
             w.engine.drafter_loaded = False
+        self._modes = drafter_free_modes(workers)
 
 
 ARMS = ("gearshift", "gearshift+drafter-free", "drafter-free k=0 (bound)")

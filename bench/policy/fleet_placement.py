@@ -54,7 +54,7 @@ def pin(workers: Sequence[VirtualWorker], plan: FleetPlan, max_num_seqs: int) ->
             if w.worker_id not in pool.workers:
                 continue
             w.engine.max_num_seqs = pool.max_concurrency or max_num_seqs
-            if pool.k is not None and w.control.k_for(1) != pool.k:
+            if pool.k is not None:  # also when it runs that k now: under a controller's lease, which would lapse
                 k = min(pool.k, w.control.k_max)
                 w.control.apply(SpeculationUpdate(k=k, version=w.control.version + 1, lease_seconds=LEASE_S))
 

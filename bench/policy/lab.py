@@ -60,6 +60,9 @@ class RawRun:
     marks: dict[float, list[int]] = field(default_factory=dict)
     """Boundary time (s) → output tokens so far of ``records.requests[i]`` at that time (requests that had not
     arrived yet are missing from the end of the list: zero)."""
+    refused: tuple[tuple[int, str, str], ...] = ()
+    """``(index in records.requests, worker id, tier)`` of the requests the gateway would have refused (503):
+    their speculation mode left no worker (``bench.policy.routing.GatewayRouter.refused``)."""
 
 
 def _kind(cls: TrafficClass, scenario: Scenario) -> RequestKind:
@@ -267,5 +270,6 @@ def run_policy(
         if meter is not None:
             meter.close()
     raw.records = lab.records if sink is None else RunRecords(lab.records.worker_ids)
+    raw.refused = tuple(router.refused) if sink is None else ()  # streamed: the records are not kept whole
     raw.model_cost = meter.result() if meter is not None else None
     return raw

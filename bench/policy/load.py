@@ -31,6 +31,7 @@ from bench.policy.lab import mix_point, run_policy
 from bench.policy.policies import StaticSchedule
 from bench.policy.run_metrics import backlog, verdicts
 from bench.policy.scenario import Poisson, Scenario, ScenarioPhase, TrafficClass
+from fleet.config import SpeculationMode
 from fleet.perf import Profile
 
 ATTAINMENT = 0.99
@@ -101,7 +102,11 @@ def _search(
 
 
 def measure(base: Scenario, mix: Sequence[TrafficClass], profile: Profile) -> Capacity:
-    """The fleet's capacity for ``mix`` on ``base``'s workers (``base`` bound to ``profile``)."""
+    """The fleet's capacity for ``mix`` on ``base``'s workers (``base`` bound to ``profile``). Every tier is probed
+    as ``speculation: auto``: whether a request may be sent to a worker with its drafter is a routing promise, not
+    the fleet's capacity (a static k on drafting workers could never keep an ``off`` tier's SLA)."""
+    tiers = {name: t.model_copy(update={"speculation": SpeculationMode.AUTO}) for name, t in base.tiers.items()}
+    base = base.model_copy(update={"tiers": tiers})
     point = mix_point(ScenarioPhase(name="mix", duration_s=1, arrival=Poisson(rate_per_s=1), mix=tuple(mix)))
     model = capacity_requests_per_s(profile, point, workers=base.workers, max_num_seqs=base.seqs)
     k_max = profile.drafter.k_max

@@ -23,12 +23,13 @@ and the placing ones ``bench.policy.fleet_placement`` and ``bench.policy.fleet_p
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from bench.policy.controller_policy import ControllerPolicy, enable_adaptive_verification, tenants_for
 from bench.policy.lab_policy import NO_STATES, LabContext, LabPolicy, Passive
 from fleet.speculation import Schedule, SpeculationUpdate, uniform_schedule, validate_schedule
+from fleet.worker_mode import Mode, WorkerMode
 from workers.sim.virtual import TickContext, VirtualWorker
 
 __all__ = [
@@ -47,6 +48,12 @@ __all__ = [
 ORACLE_LEASE_S = 3600.0
 
 
+def drafter_free_modes(workers: Sequence[VirtualWorker]) -> dict[str, WorkerMode]:
+    """Each worker's mode record for a run whose workers all start without their drafter and never move."""
+    return {w.worker_id: WorkerMode(worker_id=w.worker_id, mode=Mode.DRAFTER_FREE, since=0.0, mode_since=0.0)
+            for w in workers}  # fmt: skip
+
+
 @dataclass
 class StaticSchedule(Passive):
     """A schedule fixed for the whole run: ``rows`` in vLLM's ``[[from_bs, to_bs, k], …]`` format."""
@@ -56,6 +63,7 @@ class StaticSchedule(Passive):
     drafter: bool = True
     """The workers are started with their drafter (False: without speculation, so every row must be k = 0 and
     no k = 0 step pays the idle-drafter tax)."""
+    _modes: Mapping[str, WorkerMode] = field(default_factory=dict)
 
     @classmethod
     def plain(cls, k: int) -> StaticSchedule:
@@ -71,6 +79,12 @@ class StaticSchedule(Passive):
             raise ValueError(f"{self.name}: a worker started without its drafter cannot run k > 0")
         for w in workers:
             w.engine.drafter_loaded = self.drafter
+        self._modes = {} if self.drafter else drafter_free_modes(workers)
+
+    def worker_modes(self) -> Mapping[str, WorkerMode]:
+        """Started without the drafter, every worker's mode record says so (the gateway routes ``speculation:
+        off`` by it); with the drafter there are no records, as in a fleet without the drafter-free gear."""
+        return self._modes
 
 
 @dataclass

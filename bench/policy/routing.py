@@ -12,6 +12,14 @@ filter (the class's pool, else one-way spill bounded by SLA headroom, a stale pl
 the filters, on a ``RouteContext`` carrying the request's class and the plan, exactly as in the gateway. A
 static placement (``shares`` set) narrows the workers to one of the class's pools first, drawn by the fixed
 shares (seeded), and never spills.
+
+A request's speculation mode is resolved as the gateway resolves it (``request_speculation``: the lab's requests
+send no header, so it is their tier's ``speculation``), and the gateway's own ``SpeculationFilter`` applies it:
+an ``off`` request goes only to a worker started without its drafter (its mode record says ``drafter-free``) or
+to a free-k = 0 worker of a fresh plan pool pinned at k = 0. Where no worker may serve it the gateway answers
+503; the lab must place every arrival, so it goes to the least-loaded worker and is recorded in
+``GatewayRouter.refused``, and its SLA verdict is a miss (``bench.policy.run_metrics.verdicts``): a promise the
+fleet could not keep is never passed off as kept.
 """
 
 from __future__ import annotations
@@ -24,13 +32,14 @@ from typing import Protocol, runtime_checkable
 
 from bench.policy.drive import drive
 from fleet.clock import Clock
-from fleet.config import FleetConfig, TenantsConfig, TierConfig
+from fleet.config import FleetConfig, SpeculationMode, TenantConfig, TenantsConfig, TierConfig
 from fleet.perf import Profile
 from fleet.plan import FleetPlan, TrafficClass, traffic_class
 from fleet.store.protocol import WorkerState
 from fleet.worker_mode import WorkerMode
 from gateway.routing.context import RouteContext
 from gateway.routing.filters.placement import PlacementFilter, placement_filter
+from gateway.routing.filters.speculation import request_speculation
 from gateway.routing.pool import WorkerView
 from gateway.routing.router import default_router
 from gateway.settings import GatewaySettings
@@ -130,6 +139,13 @@ class GatewayRouter(Router):
         self._loop = asyncio.new_event_loop()
         self._routed_prompt_tokens: dict[str, int] = {}
         """Prompt tokens of every request this router sent to each worker (tokens)."""
+        self._tenants = {name: TenantConfig(id=name, tier=name) for name in tiers}
+        """The lab's tenant of each tier (``bench.policy.controller_policy.tenants_for``): it sends no header."""
+        self.refused: list[tuple[int, str, str]] = []
+        """``(arrival ordinal, worker id, tier)`` of every request whose speculation mode left no worker (the
+        gateway's 503), placed least-loaded; the ordinal counts this router's calls from 0, one per arrival, so it
+        is the request's index in the lab's ``records.requests`` (kept whole unless streamed)."""
+        self._arrivals = 0
 
     def _prefill_tokens(self, worker: VirtualWorker) -> int:
         """Prompt tokens routed to ``worker`` whose first token has not come out yet: everything routed there
@@ -139,12 +155,14 @@ class GatewayRouter(Router):
 
     def choose(self, workers: Sequence[VirtualWorker], spec: RequestSpec) -> int:
         tier = self._tiers.get(spec.tag, self._default_tier)
+        tenant = self._tenants.get(spec.tag) or TenantConfig(id=spec.tag or "default", tier=spec.tag or "default")
+        mode = request_speculation(None, tenant, tier)
         placement = self._placement() if self._placement is not None else None
         cls = traffic_class(spec.tag, spec.workload)
         if placement is not None and placement.shares is not None:
             subset = static_pool(placement, cls, workers, self._draws.random())
-            return subset[self._rank([workers[i] for i in subset], spec, tier)]
-        return self._rank(workers, spec, tier, cls, placement.plan if placement is not None else None)
+            return subset[self._rank([workers[i] for i in subset], spec, tier, mode=mode)]
+        return self._rank(workers, spec, tier, cls, placement.plan if placement is not None else None, mode=mode)
 
     def _rank(
         self,
@@ -153,9 +171,11 @@ class GatewayRouter(Router):
         tier: TierConfig,
         cls: TrafficClass | None = None,
         plan: FleetPlan | None = None,
+        *,
+        mode: SpeculationMode = SpeculationMode.AUTO,
     ) -> int:
         """The index in ``workers`` of the worker the gateway's router picks (least outstanding without a pick),
-        routing as ``cls`` under ``plan`` (None: no class, no plan)."""
+        routing as ``cls`` under ``plan`` (None: no class, no plan) in speculation ``mode``."""
         states = self._states()
         modes = self._modes() if self._modes is not None else {}
         now_s = self._clock.monotonic()
@@ -166,7 +186,10 @@ class GatewayRouter(Router):
             view.state = states.get(w.worker_id)
             view.healthy = w.offline_until_s <= now_s
             view.mode = modes.get(w.worker_id)
-        ctx = RouteContext(model=workers[0].model_name, tier=tier, now=self._clock.wall(), traffic_class=cls, plan=plan)
+        ctx = RouteContext(
+            model=workers[0].model_name, tier=tier, now=self._clock.wall(), traffic_class=cls, plan=plan,
+            speculation=mode,
+        )  # fmt: skip
         decision = drive(self._router.route(ctx, views), self._loop)
         if decision.ranked:
             chosen = decision.ranked[0].id
@@ -174,6 +197,9 @@ class GatewayRouter(Router):
         else:
             index = min(range(len(workers)), key=lambda i: workers[i].outstanding)
         worker_id = workers[index].worker_id
+        if not decision.ranked and mode is SpeculationMode.OFF:
+            self.refused.append((self._arrivals, worker_id, spec.tag))
+        self._arrivals += 1
         self._routed_prompt_tokens[worker_id] = self._routed_prompt_tokens.get(worker_id, 0) + spec.prompt_tokens
         return index
 

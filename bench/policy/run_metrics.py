@@ -11,7 +11,8 @@ Definitions (all over the measured window ``[warmup_s, duration_s)`` of the scen
   far*: TTFT ≤ target (a request still without its first token misses once it has waited longer than the
   target), and its TPOT so far, (window end − first token) / (tokens so far − 1), ≤ target. So an unfinished
   request that is on its SLA keeps its in-window tokens; one that is not counts zero. A tier without targets
-  counts every request. A phase's goodput uses the phase's bounds and the same verdict;
+  counts every request. A request the gateway would have refused (503: its speculation mode, ``off``, left no
+  worker, ``bench.policy.routing``) is a miss. A phase's goodput uses the phase's bounds and the same verdict;
 - **backlog**: requests arrived and unfinished at a time; per phase and per run, at the start and the end,
   and *growing* when the end exceeds the start by more than ``BACKLOG_SLACK`` (a share of the requests that
   arrived in between, at least ``BACKLOG_MIN``): a policy whose backlog grows has not served its load;
@@ -160,15 +161,30 @@ def _tokens_at(raw: RawRun, t_s: float) -> list[int]:
     return raw.marks[t_s]
 
 
+def refused_indices(raw: RawRun) -> frozenset[int]:
+    """Indices in ``raw.records.requests`` of the requests the gateway would have refused (``RawRun.refused``)."""
+    reqs = raw.records.requests
+    out = set()
+    for i, worker_id, tier in raw.refused:
+        if i >= len(reqs) or (reqs[i].worker_id, reqs[i].tag) != (worker_id, tier):
+            raise ValueError(f"refused request {i} ({worker_id}, {tier}) is not the lab's request {i}")
+        out.add(i)
+    return frozenset(out)
+
+
 def verdicts(raw: RawRun) -> list[bool | None]:
     """Every request's SLA verdict at the window's end (index-aligned with ``raw.records.requests``)."""
     sc = raw.scenario
     end = sc.duration_s
     at_end = _tokens_at(raw, end)
+    refused = refused_indices(raw)
     out: list[bool | None] = []
     for i, r in enumerate(raw.records.requests):
         if r.arrival_s >= end:
             out.append(None)
+            continue
+        if i in refused:
+            out.append(False)  # the gateway answered 503: the routing found no worker its speculation mode allows
             continue
         out.append(verdict_at(r, at_end[i] if i < len(at_end) else 0, end, sc.tiers.get(r.tag)))
     return out

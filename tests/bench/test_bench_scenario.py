@@ -12,7 +12,7 @@ from bench.policy.lab import run_policy
 from bench.policy.placement import is_mixed_tier
 from bench.policy.policies import StaticSchedule
 from bench.policy.scenario import load_scenario, load_scenarios
-from fleet.config import ConfigError
+from fleet.config import ConfigError, SpeculationMode
 from fleet.perf import load_profile
 from workers.sim.arrivals import Lengths
 
@@ -25,6 +25,7 @@ BUILT_IN = {
     "mixed-tiers",
     "placement-knee-mi355x",
     "placement-knee-tp16",
+    "plan-off-traffic",
     "plan-steady-batch",
     "plan-surge",
     "placement-surge-mi355x",
@@ -69,7 +70,11 @@ def test_built_in_scenarios_load_and_cover_the_issue() -> None:
     assert rates[1] == pytest.approx(3 * rates[0])
     assert scenarios["plan-steady-batch"].plan_gain
     assert is_mixed_tier(scenarios["plan-steady-batch"])
-    for name in ("plan-surge", "plan-steady-batch"):
+    off = scenarios["plan-off-traffic"]  # issue 25: per-request off traffic at 20 % of requests
+    weights = {c.tier: c.weight for p in off.phases for c in p.mix}
+    assert off.tiers["no-spec"].speculation is SpeculationMode.OFF
+    assert weights["no-spec"] / sum(weights.values()) == pytest.approx(0.2)
+    for name in ("plan-surge", "plan-steady-batch", "plan-off-traffic"):
         assert set(scenarios[name].profiles or ()) == {"kimi-k3-dspark-tp16", "kimi-k3-dspark-mi355x-tp8"}, name
 
 
