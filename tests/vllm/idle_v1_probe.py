@@ -9,6 +9,8 @@ vLLM's own classes (no engine). Prints one JSON object.
 - ``plain_step``: ``idle_v1.with_plain_step`` and ``with_plain_step_metadata`` around a stand-in for
   ``_prepare_inputs`` that calls vLLM's own ``_calc_spec_decode_metadata`` as ``_prepare_inputs`` does (what it
   calls and reads is checked on vLLM's source in test_idle_v1.py): which steps lose their metadata;
+- ``take``: ``idle_v1.with_quiet_take`` around vLLM's own ``GPUModelRunner.take_draft_token_ids``: what it
+  reports after the skip's empty proposal and after a real one;
 - ``skip``: ``DraftModelSkip`` at k = 0 on a stand-in runner, with and without async scheduling's
   ``valid_sampled_token_count_event``: whether the next-token bookkeeping ran.
 """
@@ -192,6 +194,29 @@ def plain_step() -> dict[str, Any]:
     return result
 
 
+def take() -> dict[str, Any]:
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    take = idle_v1.with_quiet_take(GPUModelRunner.take_draft_token_ids)
+    result: dict[str, Any] = {}
+    for name in ("skip", "drafts", "skip_then_drafts"):
+        runner = SimpleNamespace(
+            use_async_scheduling=False, num_spec_tokens=4, input_batch=SimpleNamespace(req_ids=["a", "b"])
+        )
+        runner._draft_token_req_ids = ["a", "b"]
+        runner._get_draft_token_ids_cpu = functools.partial(GPUModelRunner._get_draft_token_ids_cpu, runner)
+        if name != "drafts":
+            runner._draft_token_ids = idle_v1.no_drafts(runner, 2)
+        if name != "skip":
+            runner._draft_token_ids = [
+                [5, 6],
+                [7],
+            ]  # a later proposal in the same step never happens; a stale mark must not hide it
+        reported = take(runner)
+        result[name] = None if reported is None else {"req_ids": reported.req_ids, "drafts": reported.draft_token_ids}
+    return result
+
+
 def skip() -> dict[str, Any]:
     result: dict[str, Any] = {}
     for name, event in (("sync", None), ("async", object())):
@@ -212,6 +237,7 @@ def skip() -> dict[str, Any]:
             requests={},
             discard_request_mask=SimpleNamespace(gpu=torch.zeros(2, dtype=torch.bool)),
             valid_sampled_token_count_event=event,
+            use_async_scheduling=event is not None,
             _copy_valid_sampled_token_count=copy_counts,
             query_start_loc=SimpleNamespace(np=np.array([0, 1, 2], dtype=np.int32)),
             input_ids=SimpleNamespace(gpu=torch.arange(8)),
@@ -220,7 +246,11 @@ def skip() -> dict[str, Any]:
         )
         scheduler_output = SimpleNamespace(num_spec_tokens_to_schedule=0, total_num_scheduled_tokens=2)
         drafts = idle_v1.DraftModelSkip()._skip(runner, scheduler_output, torch.zeros(2, 1, dtype=torch.int32))
-        result[name] = {"calls": calls, "drafts_shape": list(drafts.shape)}
+        result[name] = {
+            "calls": calls,
+            "drafts": drafts if isinstance(drafts, list) else f"tensor{list(drafts.shape)}",
+            "marked": vars(runner).get("_gearshift_no_drafts") is drafts,
+        }
     return result
 
 
@@ -228,5 +258,5 @@ if __name__ == "__main__":
     from vllm.platforms import current_platform
 
     current_platform.register_triton_kernel_overrides()  # the CPU kernels, as the CPU worker registers them
-    answer = {"sampler": sampler(), "routing": routing(), "plain_step": plain_step(), "skip": skip()}
+    answer = {"sampler": sampler(), "routing": routing(), "plain_step": plain_step(), "take": take(), "skip": skip()}
     sys.stdout.write(json.dumps(answer) + "\n")

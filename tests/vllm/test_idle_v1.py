@@ -6,7 +6,9 @@ sampler on zero drafts and ``prepare_next_token_ids_padded``, neither of which a
 - a step that verifies no drafts is sampled by the plain sampler (``idle_v1.with_plain_sampler``), which gives
   the rejection sampler's tokens and leaves the generators as it does;
 - at k = 0 the skip runs the next-token bookkeeping only under async scheduling, the one case where the next
-  step reads it.
+  step reads it;
+- a step at k = 0 builds no ``SpecDecodeMetadata`` (``with_plain_step``);
+- the skip's empty proposal is a list, not reported to the scheduler (``no_drafts``, ``with_quiet_take``).
 """
 
 from __future__ import annotations
@@ -91,8 +93,12 @@ def test_a_step_without_drafts_goes_to_the_plain_sampler_and_one_with_drafts_doe
 
 def test_at_k0_the_skip_runs_the_next_token_bookkeeping_only_under_async_scheduling(probe: dict[str, Any]) -> None:
     skip = probe["skip"]
-    assert skip["sync"] == {"calls": [], "drafts_shape": [2, 0]}
-    assert skip["async"]["calls"] == ["prepare_next_token_ids_padded", "_copy_valid_sampled_token_count"]
+    assert skip["sync"] == {"calls": [], "drafts": [[], []], "marked": True}
+    assert skip["async"] == {
+        "calls": ["prepare_next_token_ids_padded", "_copy_valid_sampled_token_count"],
+        "drafts": "tensor[2, 0]",  # the runner reads drafts as a tensor under async scheduling
+        "marked": False,
+    }
 
 
 def test_v1_samples_through_sample_with_the_metadata_and_uses_the_plain_sampler_without_it() -> None:
@@ -159,8 +165,12 @@ def test_model_runner_v2_already_samples_a_step_without_drafts_with_the_plain_sa
 
 def test_a_step_at_k0_without_drafts_loses_its_metadata_and_keeps_the_logits_rows(probe: dict[str, Any]) -> None:
     steps = probe["plain_step"]
-    assert steps["k0"] == {"metadata": None, "num_draft_tokens": None, "logits_indices": [2, 3, 4],
-                           "flag_left_set": False}  # fmt: skip
+    assert steps["k0"] == {
+        "metadata": None,
+        "num_draft_tokens": None,
+        "logits_indices": [2, 3, 4],
+        "flag_left_set": False,
+    }
     for kept in ("k0_logprobs", "k0_verifying_the_last_drafts", "k2"):
         assert steps[kept]["metadata"] == "SpecDecodeMetadata", kept
         assert not steps[kept]["flag_left_set"]
@@ -177,8 +187,11 @@ def test_prepare_inputs_reads_only_the_logits_indices_of_the_metadata_and_return
     assert [c for c in calls if "_calc_spec_decode_metadata" in c] == [
         "self._calc_spec_decode_metadata(num_draft_tokens, cu_num_tokens)"
     ]
-    reads = {ast.unparse(n) for n in ast.walk(prepare) if isinstance(n, ast.Attribute)
-             and ast.unparse(n.value) == "spec_decode_metadata"}  # fmt: skip
+    reads = {
+        ast.unparse(n)
+        for n in ast.walk(prepare)
+        if isinstance(n, ast.Attribute) and ast.unparse(n.value) == "spec_decode_metadata"
+    }
     assert reads == {"spec_decode_metadata.logits_indices"}
     (returned,) = [n.value for n in ast.walk(prepare) if isinstance(n, ast.Return) and n.value is not None]
     assert ast.unparse(returned) == "(logits_indices, spec_decode_metadata, int(num_sampled_tokens.max()))"
@@ -219,3 +232,76 @@ def test_the_metadata_reaches_only_the_sampler_and_the_proposal() -> None:
     assert execute.index("self._update_states(scheduler_output)") < execute.index("self._prepare_inputs(")
     update = ast.unparse(function(runner, "_update_states", within="GPUModelRunner"))
     assert "self.input_batch.refresh_metadata()" in update  # the sampling metadata the plain step reads is current
+
+
+def test_the_skips_empty_proposal_is_not_reported_and_a_real_one_is(probe: dict[str, Any]) -> None:
+    take = probe["take"]
+    assert take["skip"] is None
+    assert take["drafts"] == {"req_ids": ["a", "b"], "drafts": [[5, 6], [7]]}
+    assert take["skip_then_drafts"] == take["drafts"]
+
+
+def test_an_unreported_empty_proposal_leaves_the_scheduler_as_the_report_would() -> None:
+    """The report sets ``spec_token_ids`` of the requests of the runner's batch; ``schedule()`` has already
+    emptied them for every request it scheduled (and the batch holds only those), nothing else gives a request
+    drafts, and an empty report validates to ``[]``. The engine does nothing else with the report."""
+    scheduler = vllm_source("v1/core/sched/scheduler.py")
+    values = {
+        ast.unparse(n.value)
+        for n in ast.walk(scheduler)
+        if isinstance(n, ast.Assign) and "request.spec_token_ids" in map(ast.unparse, n.targets)
+    }
+    assert values == {"[]", "self.structured_output_manager.validate_tokens(request, spec_token_ids)"}
+    schedule = function(scheduler, "schedule", within="Scheduler")
+    assert any(body[-1] == "request.spec_token_ids = []" for body in if_body(schedule, "request.spec_token_ids"))
+    validate = function(vllm_source("v1/structured_output/__init__.py"), "validate_tokens")
+    assert if_body(validate, "not request.use_structured_output") == [["return spec_tokens"]]
+    assert if_body(validate, "grammar_start >= len(spec_tokens)") == [["return spec_tokens"]]  # 0 >= 0 for []
+    runner = vllm_source("v1/worker/gpu_model_runner.py")
+    copy = ast.unparse(function(runner, "_copy_draft_token_ids_to_cpu", within="GPUModelRunner"))
+    assert "self._draft_token_req_ids = self.input_batch.req_ids.copy()" in copy
+    update = function(runner, "_update_states", within="GPUModelRunner")
+    removals = [n for n in ast.walk(update) if isinstance(n, ast.For) and ast.unparse(n.iter) == "unscheduled_req_ids"]
+    assert [[ast.unparse(b) for b in n.body] for n in removals] == [["self.input_batch.remove_request(req_id)"]]
+    post_step = function(vllm_source("v1/engine/core.py"), "post_step", within="EngineCore")
+    assert if_body(post_step, "draft_token_ids is not None") == [
+        ["self.scheduler.update_draft_token_ids(draft_token_ids)"]
+    ]
+
+
+def test_without_async_scheduling_the_runner_reads_a_list_of_drafts_as_vllms_ngram_proposer_returns() -> None:
+    """Drafts are read as a tensor only by ``_prepare_input_ids`` past its return for a step without previous
+    sampled ids on the device (set only under async scheduling), and by the copy, behind ``is_tensor``."""
+    runner = vllm_source("v1/worker/gpu_model_runner.py")
+    readers = {
+        f.name
+        for f in ast.walk(runner)
+        if isinstance(f, ast.FunctionDef)
+        and any(
+            ast.unparse(n) in ("self._draft_token_ids", "self.prev_num_spec_tokens")
+            for n in ast.walk(f)
+            if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Load)
+        )
+    }
+    assert readers == {"_prepare_input_ids", "_copy_draft_token_ids_to_cpu", "_get_draft_token_ids_cpu"}
+    prepare = function(runner, "_prepare_input_ids", within="GPUModelRunner")
+    (early,) = if_body(prepare, "self.input_batch.prev_sampled_token_ids is None")
+    assert early[-1] == "return"
+    non_none = {
+        ast.unparse(n.value)
+        for n in ast.walk(runner)
+        if isinstance(n, ast.Assign) and "self.input_batch.prev_sampled_token_ids" in map(ast.unparse, n.targets)
+    }
+    assert non_none == {"None", "sampled_token_ids", "recv", "next_token_ids.unsqueeze(1)"}
+    bookkeeping = function(runner, "_bookkeeping_sync", within="GPUModelRunner")
+    (sync_branch,) = [
+        n
+        for n in ast.walk(bookkeeping)
+        if isinstance(n, ast.If) and ast.unparse(n.test) == "not self.use_async_scheduling"
+    ]
+    async_branch = "\n".join(ast.unparse(b) for b in sync_branch.orelse)
+    assert "self.input_batch.prev_sampled_token_ids = sampled_token_ids" in async_branch
+    cpu_copy = function(runner, "_get_draft_token_ids_cpu", within="GPUModelRunner")
+    assert if_body(cpu_copy, "isinstance(self._draft_token_ids, list)") == [
+        ["return (self._draft_token_ids, self.input_batch.req_ids)"]
+    ]

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 
-@dataclass(frozen=True)
-class Segment:
-    """``length`` tokens of request at positions ``first … first + length - 1``, rows ``offset …`` of stash ``step``."""
+class Segment(NamedTuple):
+    """``length`` tokens of request at positions ``first … first + length - 1``, rows ``offset …`` of stash ``step``.
+    A tuple: one is made per request on every skipped step."""
 
     step: int
     offset: int
@@ -28,22 +29,25 @@ class Segment:
         return self.first + self.length
 
 
-@dataclass
+@dataclass(slots=True)
 class Lag:
     """One request's skipped run; ``complete`` is False once a gap made it unrecoverable (a preemption that
     recomputed from a cached prefix while skipped): its drafts are then drafted on a stale context, which costs
-    acceptance, never correctness (verification is lossless)."""
+    acceptance, never correctness (verification is lossless). ``end``: its last segment's end, kept as it grows."""
 
     segments: list[Segment] = field(default_factory=list)
     complete: bool = True
+    end: int = 0
 
     @property
     def first(self) -> int:
         return self.segments[0].first
 
-    @property
-    def end(self) -> int:
-        return self.segments[-1].end
+
+def _ints(values: Sequence[int] | Any, n: int) -> list[int]:
+    """The first ``n`` of ``values`` (a sequence or a numpy array) as Python ints, in one call for an array."""
+    head = values[:n]
+    return head.tolist() if hasattr(head, "tolist") else [int(v) for v in head]
 
 
 @dataclass(frozen=True)
@@ -80,21 +84,26 @@ class DrafterLag:
 
     def skipped(self, req_ids: Sequence[str], query_start: Sequence[int], first_positions: Sequence[int]) -> int:
         """Record a skipped step: request ``req_ids[i]`` computed ``query_start[i + 1] - query_start[i]`` tokens
-        from position ``first_positions[i]``, rows ``query_start[i] …`` of the step's stash. Returns the stash id."""
+        from position ``first_positions[i]``, rows ``query_start[i] …`` of the step's stash. Returns the stash id.
+        Runs on every skipped step: one pass, no per-request conversions."""
         step = self._next_step
         self._next_step += 1
-        for i, req_id in enumerate(req_ids):
-            length = int(query_start[i + 1]) - int(query_start[i])
+        n = len(req_ids)
+        starts = _ints(query_start, n + 1)
+        lags = self._lags
+        for req_id, lo, hi, first in zip(req_ids, starts[:-1], starts[1:], _ints(first_positions, n), strict=True):
+            length = hi - lo
             if length <= 0:
                 continue
-            segment = Segment(step=step, offset=int(query_start[i]), first=int(first_positions[i]), length=length)
-            lag = self._lags.get(req_id)
+            segment = Segment(step, lo, first, length)
+            lag = lags.get(req_id)
             if lag is None:
-                self._lags[req_id] = Lag([segment])
-            elif segment.first == lag.end:
+                lags[req_id] = Lag([segment], end=first + length)
+            elif first == lag.end:
                 lag.segments.append(segment)
+                lag.end = first + length
             else:  # recomputed after a preemption: from 0 the new run is whole, else its prefix is unknown
-                self._lags[req_id] = Lag([segment], complete=segment.first == 0)
+                lags[req_id] = Lag([segment], complete=first == 0, end=first + length)
         return step
 
     def due(self, req_ids: Sequence[str], first_positions: Sequence[int]) -> list[CatchUp]:

@@ -9,7 +9,7 @@ module right after it executes (at once when it is already imported).
   goes behind ``workers.vllm.idle_v1.with_skip``; ``_prepare_inputs`` and ``_calc_spec_decode_metadata``
   behind ``with_plain_step`` and ``with_plain_step_metadata`` (a step at k = 0 runs without speculative
   metadata), ``_sample`` behind ``with_plain_sampler`` (a step that verifies no drafts is sampled as without
-  speculation).
+  speculation), ``take_draft_token_ids`` behind ``with_quiet_take`` (the skip's empty drafts go unreported).
 - Model Runner V2 (``vllm.v1.worker.gpu.model_runner``, GPUs): ``GPUModelRunner.load_model`` wraps the built
   speculator's ``propose`` (``workers.vllm.idle_v2``).
 """
@@ -78,6 +78,7 @@ def _patch_v1(module: ModuleType) -> None:
     runner._sample = idle_v1.with_plain_sampler(runner._sample)
     runner._prepare_inputs = idle_v1.with_plain_step(runner._prepare_inputs)
     runner._calc_spec_decode_metadata = idle_v1.with_plain_step_metadata(runner._calc_spec_decode_metadata)
+    runner.take_draft_token_ids = idle_v1.with_quiet_take(runner.take_draft_token_ids)
     log.debug("gearshift: idle-drafter skip installed on the V1 runner")
 
 

@@ -37,6 +37,10 @@ budget or synthetic acceptance):
 - any other step that verifies no drafts (the first at k > 0, a prefill) is sampled by the plain sampler
   (``with_plain_sampler``).
 
+- and the skip's empty proposal is not reported to the scheduler (``no_drafts``, ``with_quiet_take``):
+  without async scheduling vLLM copied the empty draft tensor to the CPU, read it back and set every
+  request's drafts to the empty list they already had.
+
 Model Runner V2 does this already (``sample``: the plain sampler when ``input_batch.num_draft_tokens == 0``).
 """
 
@@ -55,6 +59,8 @@ log = logging.getLogger("vllm.gearshift")
 
 _SKIP_ATTR = "_gearshift_idle_drafter"
 _PLAIN_STEP_ATTR = "_gearshift_plain_step"
+_NO_DRAFTS_ATTR = "_gearshift_no_drafts"
+"""The skip's last ``no_drafts`` list, until ``take_draft_token_ids`` (``with_quiet_take``) sees it."""
 """Set by ``with_plain_step`` for the length of one ``_prepare_inputs``: the step runs without speculation."""
 _PRUNE_EVERY = 64
 """Skipped steps between drops of finished requests from the ledger (and their stashed tensors)."""
@@ -68,7 +74,7 @@ class NgramSkip:
     def propose(self, original: Original, runner: Any, args: tuple[Any, ...]) -> Any:
         scheduler_output = args[0]
         if scheduler_output.num_spec_tokens_to_schedule == 0:
-            return [[] for _ in range(runner.input_batch.num_reqs)]
+            return no_drafts(runner, runner.input_batch.num_reqs)
         return original(runner, *args)
 
 
@@ -112,7 +118,7 @@ class DraftModelSkip:
             log.info("gearshift: idle-drafter skip: first step without a drafter forward (k = 0)")
         if self._skips % _PRUNE_EVERY == 0:
             self._prune(runner)
-        return torch.empty((num_reqs, 0), dtype=torch.int64, device=runner.device)
+        return no_drafts(runner, num_reqs)
 
     def _prune(self, runner: Any) -> None:
         self.lag.forget_all_but(runner.requests)
@@ -189,6 +195,34 @@ class DraftModelSkip:
             drafter.model(
                 input_ids=drafter.input_ids[:num_tokens], positions=drafter.positions[:num_tokens], inputs_embeds=None
             )
+
+
+def no_drafts(runner: Any, num_reqs: int) -> Any:
+    """The skip's proposal: no draft for any of ``num_reqs`` requests. Under async scheduling an empty tensor
+    (its runner reads drafts as one); without it a list of empty lists, as vLLM's ngram proposer returns, which
+    vLLM copies nowhere and which ``with_quiet_take`` does not report to the scheduler."""
+    if runner.use_async_scheduling:
+        return torch.empty((num_reqs, 0), dtype=torch.int64, device=runner.device)
+    drafts: list[list[int]] = [[] for _ in range(num_reqs)]
+    runner.__dict__[_NO_DRAFTS_ATTR] = drafts
+    return drafts
+
+
+def with_quiet_take(original: Original) -> Original:
+    """``GPUModelRunner.take_draft_token_ids`` (V1): nothing to report when this step's drafts are the skip's
+    ``no_drafts`` list. The report would set each request's ``spec_token_ids`` to ``[]``, which they already
+    are: the scheduler empties them for every request it schedules, and the report names only those (the
+    input batch keeps no unscheduled request). So the engine's ``post_step`` updates nothing, as it does
+    for a runner without speculation."""
+
+    @functools.wraps(original)
+    def take_draft_token_ids(self: Any) -> Any:
+        drafts = self.__dict__.pop(_NO_DRAFTS_ATTR, None)
+        if drafts is not None and drafts is self._draft_token_ids:
+            return None
+        return original(self)
+
+    return take_draft_token_ids
 
 
 def needs_rejection_sampler(runner: Any) -> bool:
