@@ -243,6 +243,9 @@ class Journal:
                 path.unlink()
         self._next = (numbers[-1] + 1) if numbers else 0
         self._open_segment()
+        if self._recovered:
+            log.warning("usage journal %s: %d records a previous process left, written again (a record the store "
+                        "already has is skipped)", directory, len(self._recovered))  # fmt: skip
 
     def recovered(self) -> list[UsageRecord]:
         """The records a previous process journaled and did not see stored, oldest first: the caller writes them
