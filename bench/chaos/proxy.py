@@ -94,9 +94,9 @@ class ChaosProxy:
                         await asyncio.sleep(self.delay_s)
                     await response.write(chunk)
                     kept.append(chunk)
-            except ConnectionResetError:  # the gateway went away (a cancelled stream): nothing to pass on
+                if request.path == "/metrics" and self.mode is Mode.OK:
+                    self.frozen_metrics = b"".join(kept)
+                await response.write_eof()
+            except ConnectionResetError:  # the gateway went away (a cancelled stream, its end included): no one to tell
                 return response
-            if request.path == "/metrics" and self.mode is Mode.OK:
-                self.frozen_metrics = b"".join(kept)
-            await response.write_eof()
             return response
