@@ -5,10 +5,13 @@ killed one left, once."""
 from __future__ import annotations
 
 import asyncio
+import os
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
 import orjson
+import pytest
 
 from fleet.clock import ManualClock, SystemClock
 from fleet.store.memory import MemoryStore
@@ -162,3 +165,31 @@ async def test_a_store_outage_moves_the_records_to_the_spool_and_out_of_the_jour
     await eventually(lambda: not spool.has_pending())
     await writer.close()
     assert [r.request_id for r in await store.ledger(since=0, until=1e12)] == ["req-0", "req-1", "req-2"]
+
+
+def test_a_record_costs_one_write_and_no_fsync_unless_asked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: Counter[str] = Counter()
+    write, fsync = os.write, os.fsync
+
+    def counted_write(fd: int, data: memoryview) -> int:
+        calls["write"] += 1
+        return write(fd, data)
+
+    def counted_fsync(fd: int) -> None:
+        calls["fsync"] += 1
+        fsync(fd)
+
+    monkeypatch.setattr(os, "write", counted_write)
+    monkeypatch.setattr(os, "fsync", counted_fsync)
+    buffered = Journal(tmp_path / "buffered")
+    for i in range(10):
+        buffered.append(record(i))
+    assert calls == {"write": 10}
+    calls.clear()
+    synced = Journal(tmp_path / "synced", fsync=True)  # GEARSHIFT_LEDGER_JOURNAL_FSYNC
+    for i in range(10):
+        synced.append(record(i))
+    assert calls["write"] == 10
+    assert calls["fsync"] == 10 + 1  # one per record, and the directory once for the new segment
+    buffered.close()
+    synced.close()
