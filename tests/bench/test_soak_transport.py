@@ -3,6 +3,8 @@ never reuses a connection the gateway may be closing (issue 23: 446 unexplained 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import aiohttp
 import uvicorn
 
@@ -40,7 +42,7 @@ def _failed(at_s: float, error: str, *, status: int = 0, reused: bool | None = T
     return Finished(at_s=at_s, tenant="acme", result=result, gateway=gateway)
 
 
-def test_transport_errors_are_grouped_by_exception_phase_and_connection() -> None:
+def test_transport_errors_are_grouped_by_exception_phase_and_connection(tmp_path: Path) -> None:
     reset = "ClientOSError(104, 'Connection reset by peer')"
     finished = [
         _failed(10.0, reset),
@@ -57,3 +59,6 @@ def test_transport_errors_are_grouped_by_exception_phase_and_connection() -> Non
         ["ClientConnectorError", "connect", "?", "1"],
     ]
     assert rows[0][5:7] == ["10–12", "gateway-0: 1, gateway-1: 1"]
+    page = soak_report.write(result, tmp_path, command="test").read_text()
+    assert "## Transport errors" in page
+    assert "| ClientOSError | before the response | pooled | 2 |" in page
