@@ -66,3 +66,15 @@ async def test_a_request_cancelled_in_flight_has_its_grant_undone() -> None:
     # the cancelled request holds neither the slot nor the request in the window
     again = await MemoryStore.admit(store, [window, SlotLimit(key="concurrency:t", slot_id="b", limit=1)], now=now)
     assert again.allowed
+
+
+async def test_a_ticks_admits_are_sent_in_the_loops_next_iteration() -> None:
+    clock = ManualClock()
+    store = CountingStore(clock=clock)
+    batcher = AdmitBatcher(store)
+    admits = [asyncio.ensure_future(batcher.admit([slot(i)], now=clock.wall())) for i in range(3)]
+    await asyncio.sleep(0)  # this iteration: the admits queue
+    assert store.round_trips == 0
+    await asyncio.sleep(0)  # the next one: the batch goes, no callback hop before it
+    assert store.round_trips == 1
+    assert all(r.allowed for r in await asyncio.gather(*admits))
