@@ -103,6 +103,12 @@ class StabiliserState:
     reprobe_at_s: float | None = None
     last_neighbour_probe_s: float = 0.0
     direction: int = 0
+    neighbour_probing: bool = False
+    """The probe in progress is a neighbour probe (``_neighbour_probe``)."""
+    climbing: bool = False
+    """The last neighbour probe found its gear better and stayed there: the next neighbour probe waits only
+    ``min_dwell_s``, not ``neighbour_probe_s`` (a wrong model is climbed out of one gear per dwell, not per 30 s;
+    the budget spacing by predicted loss still holds)."""
     """The last move's direction: +1 a normal move up, -1 down (a fast down counts), 0 none since the last
     probe, stale default or plan, after which the next normal move waits the full dwell."""
 
@@ -131,9 +137,13 @@ def _switch(
     state: StabiliserState, k: int, now: float, kind: ActionKind, reason: str
 ) -> tuple[StabiliserState, Action]:
     if k == state.k:
-        return replace(state, history=(), probe_until_s=None), Action(k, ActionKind.HOLD, reason)
+        held = replace(state, history=(), probe_until_s=None, neighbour_probing=False)
+        return held, Action(k, ActionKind.HOLD, reason)
     direction = (1 if k > state.k else -1) if kind in _DIRECTED else 0
-    new = replace(state, k=k, since_s=now, history=(), probe_until_s=None, direction=direction)
+    new = replace(
+        state, k=k, since_s=now, history=(), probe_until_s=None, direction=direction, neighbour_probing=False,
+        climbing=False,
+    )  # fmt: skip
     return new, Action(k, kind, reason)
 
 
@@ -157,7 +167,10 @@ def stabilise(
             return _switch(state, decision.k, now, ActionKind.FAST_DOWN, f"probe aborted: {decision.reason}")
         if now < state.probe_until_s:
             return _hold(state, f"probing k={state.k} until acceptance beyond the old k is measured")
-        return _switch(state, decision.k, now, ActionKind.PROBE_END, f"probe done: {decision.reason}")
+        new, action = _switch(state, decision.k, now, ActionKind.PROBE_END, f"probe done: {decision.reason}")
+        if state.neighbour_probing and decision.k == state.k:  # the neighbour measured better: keep climbing
+            new = replace(new, climbing=True)
+        return new, action
     if decision.risk is not Risk.NONE and decision.k < state.k:
         new, action = _switch(state, decision.k, now, ActionKind.FAST_DOWN, decision.reason)
         if decision.risk is Risk.COLLAPSE:
@@ -217,7 +230,8 @@ def _neighbour_probe(
         return None
     pick = max(unmeasured, key=lambda c: (c.goodput_tok_s, c.k))
     loss = max(0.0, 1.0 - pick.goodput_tok_s / cur.goodput_tok_s)
-    interval = max(cfg.neighbour_probe_s, loss * cfg.probe_s / cfg.probe_budget)
+    floor = cfg.min_dwell_s if state.climbing else cfg.neighbour_probe_s
+    interval = max(floor, loss * cfg.probe_s / cfg.probe_budget)
     if now - state.last_neighbour_probe_s < interval:
         return None
     why = (
@@ -225,7 +239,10 @@ def _neighbour_probe(
         f"at B={est.batch:.0f} but never measured at this batch; cost ≤ {loss * cfg.probe_s / interval:.1%} "
         f"of goodput ({cfg.probe_s:.0f} s every {interval:.0f} s)"
     )
-    new = replace(state, k=pick.k, since_s=now, history=(), probe_until_s=now + cfg.probe_s, last_neighbour_probe_s=now)
+    new = replace(
+        state, k=pick.k, since_s=now, history=(), probe_until_s=now + cfg.probe_s, last_neighbour_probe_s=now,
+        neighbour_probing=True, climbing=False,
+    )  # fmt: skip
     return new, Action(pick.k, ActionKind.PROBE, why)
 
 

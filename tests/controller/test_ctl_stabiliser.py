@@ -245,3 +245,23 @@ def test_holding_a_measured_deviation_the_tables_gear_is_measured_again(lab_prof
     fresh = replace(est, fresh_gears=(1, 3, 4, 6))
     _, b = stabilise(initial_state(4, 0.0), d, fresh, CFG.neighbour_probe_s + 1.0, CFG)
     assert b.kind is ActionKind.HOLD
+
+
+def test_a_neighbour_probe_that_pays_is_followed_by_the_next_after_the_dwell(lab_profile: Profile) -> None:
+    """A wrong model is climbed out of one gear per dwell: the probe of k = 1 measured better and stayed, so k = 2
+    (unmeasured) is probed after ``min_dwell_s``, not ``neighbour_probe_s``; a probe that did not pay waits the
+    full spacing."""
+    goodput = {0: 100.0, 1: 99.0, 2: 99.0}
+    est = make_estimate(lab_profile, k_current=0, batch=512.0, fresh_gears=(0,))
+    probing, a = stabilise(initial_state(0, 0.0), decision(0, gain=0.0, goodput=goodput), est, 40.0, CFG)
+    assert (a.k, a.kind) == (1, ActionKind.PROBE)
+    stayed, end = stabilise(probing, decision(1, gain=0.0, goodput=goodput), replace(est, k_current=1), 45.0, CFG)
+    assert end.k == 1
+    at_1 = replace(est, k_current=1, fresh_gears=(0, 1))
+    soon = 45.0 + CFG.min_dwell_s + 1.0
+    assert soon - 40.0 < CFG.neighbour_probe_s
+    _, nxt = stabilise(stayed, decision(1, gain=0.0, goodput=goodput), at_1, soon, CFG)
+    assert (nxt.k, nxt.kind) == (2, ActionKind.PROBE)
+    back, _ = stabilise(probing, decision(0, gain=0.0, goodput=goodput), est, 45.0, CFG)
+    _, held = stabilise(back, decision(0, gain=0.0, goodput=goodput), replace(est, fresh_gears=(0,)), soon, CFG)
+    assert held.kind is ActionKind.HOLD, "the probe did not pay: the full spacing"
