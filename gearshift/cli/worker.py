@@ -223,29 +223,43 @@ def measure_command(
         bool,
         typer.Option(
             "--draft-model",
-            help="With --k0-tax: speculate with the tiny model as its own draft model (vLLM keeps async scheduling, "
-            "as for DSpark) instead of ngram (for which vLLM turns async scheduling off).",
+            help="With --k0-tax: speculate with the tiny model as its own draft model instead of ngram "
+            "(vLLM's CPU platform runs either without async scheduling).",
         ),
     ] = False,
+    methods: Annotated[
+        str,
+        typer.Option(
+            "--methods",
+            help="With --k0-tax: comma-separated methods, each measured in turn on three workers of its own, one "
+            "table row per method and batch size: draft-model, ngram (default: --draft-model's choice).",
+        ),
+    ] = "",
 ) -> None:
     """Start the tiny CPU worker, report start-up time and memory, then tokens per draft and tokens/s per k
     (with --k0-tax: the cost of k = 0 with speculation configured, vLLM's own and the plugin's, over no
     speculative config)."""
+    chosen = [m.strip() for m in methods.split(",") if m.strip()] or ["draft-model" if draft_model else "ngram"]
+    if unknown := [m for m in chosen if m not in ("draft-model", "ngram")]:
+        raise typer.BadParameter(
+            f"unknown method(s) {', '.join(unknown)}: use draft-model, ngram", param_hint="--methods"
+        )
     root = work_dir or Path(tempfile.mkdtemp(prefix="gearshift-measure-"))
     model_dir = build_tiny_model(root / "tiny-llama")
     if k0_tax_only:
         sizes = [int(n) for n in batch_sizes.split(",") if n.strip()]
-        extra = {"method": "draft_model", "model": str(model_dir)} if draft_model else {}
-        _measure_k0_tax(
-            root,
-            model_dir,
-            sizes,
-            max_tokens=max_tokens,
-            rounds=rounds,
-            worker_process=worker_process,
-            spec_extra=extra,
-            acceptance_tokens=acceptance_tokens,
-        )
+        for method in chosen:
+            _measure_k0_tax(
+                root,
+                model_dir,
+                sizes,
+                max_tokens=max_tokens,
+                rounds=rounds,
+                worker_process=worker_process,
+                spec_extra={"method": "draft_model", "model": str(model_dir)} if method == "draft-model" else {},
+                acceptance_tokens=acceptance_tokens,
+                method=method,
+            )
         return
     port = free_port()
     worker = tiny_worker(port=port, model_dir=model_dir)
@@ -288,6 +302,7 @@ def _measure_k0_tax(
     worker_process: bool,
     spec_extra: dict[str, str],
     acceptance_tokens: int,
+    method: str,
 ) -> None:
     """Start three tiny CPU workers side by side (no speculation; speculation with vLLM's own k = 0; speculation
     with the plugin's idle-drafter skip) and compare k = 0 on them (``workers.vllm.measure_idle``)."""
@@ -316,7 +331,7 @@ def _measure_k0_tax(
                     running_server(
                         plans[name],
                         url=urls[name],
-                        log_path=root / f"vllm-{name}.log",
+                        log_path=root / f"vllm-{method}-{name}.log",
                         extra_env=envs[name],
                         ready_timeout_s=_READY_TIMEOUT_S,
                     )
@@ -329,7 +344,7 @@ def _measure_k0_tax(
                 idle_tax(urls, model=model, token=token, batch_sizes=batch_sizes, max_tokens=max_tokens,
                          rounds=rounds, pgids=pgids)
             )  # fmt: skip
-            typer.echo(format_idle_tax(run, batch_sizes))
+            typer.echo(format_idle_tax(run, batch_sizes, method=method))
             if acceptance_tokens > 0:
                 typer.echo(
                     _acceptance(urls, model=model, token=token, requests=max(batch_sizes), tokens=acceptance_tokens)

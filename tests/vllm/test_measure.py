@@ -117,3 +117,20 @@ def test_the_idle_tax_pairs_each_server_with_plain_in_its_round_and_compares_gre
     assert row[4:6] == ["+80.0%", "+1.0%"]
     assert row[-1] == "NO"
     assert rotated(["p", "s", "k"], 4) == ["s", "k", "p"]
+    head, labelled = format_idle_tax(run, [2], method="ngram").splitlines()
+    assert head.split()[0] == "method"
+    assert labelled.split() == ["ngram", *row]
+
+
+def test_measure_k0_tax_refuses_an_unknown_method_before_building_anything(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from gearshift.cli.app import app
+
+    work = tmp_path / "work"
+    result = CliRunner().invoke(
+        app, ["worker", "measure", "--k0-tax", "--methods", "draft-model,eagle", "--work-dir", str(work)]
+    )
+    assert result.exit_code == 2
+    assert "unknown method(s) eagle" in result.output
+    assert not work.exists()

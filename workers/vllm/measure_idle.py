@@ -170,11 +170,13 @@ async def acceptance_window(
     return AcceptanceWindow(after - before, time.perf_counter() - started)
 
 
-def format_idle_tax(run: IdleTaxRun, batch_sizes: Sequence[int]) -> str:
+def format_idle_tax(run: IdleTaxRun, batch_sizes: Sequence[int], *, method: str | None = None) -> str:
     """One row per batch size: each server's ms per token, the tax before (stock) and after (skip) with the
-    rounds' spread, CPU-time taxes, drafts made at k = 0, and whether greedy outputs equal ``plain``'s."""
+    rounds' spread, CPU-time taxes, drafts made at k = 0, and whether greedy outputs equal ``plain``'s;
+    ``method`` (the speculative method the run used) heads each row when given."""
+    lead, label = ("", "") if method is None else (f"{'method':<11} ", f"{method:<11} ")
     head = (
-        f"{'batch':>5} {'plain ms/tok':>12} {'stock ms/tok':>12} {'skip ms/tok':>11} {'tax before':>10} "
+        f"{lead}{'batch':>5} {'plain ms/tok':>12} {'stock ms/tok':>12} {'skip ms/tok':>11} {'tax before':>10} "
         f"{'tax after':>9} {'after min…max':>15} {'CPU before':>10} {'CPU after':>9} {'drafts':>6} {'same text':>9}"
     )
     lines = [head]
@@ -185,7 +187,7 @@ def format_idle_tax(run: IdleTaxRun, batch_sizes: Sequence[int]) -> str:
         cpu_a = "-" if skip.cpu_tax is None else f"{skip.cpu_tax:+.1%}"
         same = run.outputs_equal("skip", n) and run.outputs_equal("stock", n)
         lines.append(
-            f"{n:>5} {stock.tpot_without_s * 1e3:>12.3f} {stock.tpot_with_drafter_s * 1e3:>12.3f} "
+            f"{label}{n:>5} {stock.tpot_without_s * 1e3:>12.3f} {stock.tpot_with_drafter_s * 1e3:>12.3f} "
             f"{skip.tpot_with_drafter_s * 1e3:>11.3f} {stock.tax:>+10.1%} {skip.tax:>+9.1%} {spread:>15} "
             f"{cpu_b:>10} {cpu_a:>9} {stock.drafts + skip.drafts:>6.0f} {'yes' if same else 'NO':>9}"
         )

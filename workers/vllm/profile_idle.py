@@ -6,6 +6,8 @@ step. Run with ``.venv-vllm``'s python, once per arm::
     .venv-vllm/bin/python -m workers.vllm.profile_idle --arm skip --out /tmp/k0/skip
     .venv-vllm/bin/python -m workers.vllm.profile_idle --diff /tmp/k0/plain /tmp/k0/skip
 
+``--method ngram`` speculates with ngram instead of the tiny model as its own draft model.
+
 Arms: ``plain`` (no speculative config), ``stock`` (speculation at k = 0, the skip off), ``skip`` (speculation at
 k = 0, the plugin's skip on). k = 0 is the start-up table ``[[1, max_num_seqs, 0]]``. Each run prints the best CPU
 seconds (``time.process_time``) of ``--reps`` generations, writes ``stats.prof`` (one more generation under
@@ -35,7 +37,7 @@ from typing import Any
 ARMS = ("plain", "stock", "skip")
 
 
-def _engine_kwargs(arm: str, model_dir: Path, max_num_seqs: int, k_max: int) -> dict[str, Any]:
+def _engine_kwargs(arm: str, model_dir: Path, max_num_seqs: int, k_max: int, method: str) -> dict[str, Any]:
     kwargs: dict[str, Any] = {
         "model": str(model_dir),
         "max_num_seqs": max_num_seqs,
@@ -47,9 +49,13 @@ def _engine_kwargs(arm: str, model_dir: Path, max_num_seqs: int, k_max: int) -> 
         "seed": 0,
     }
     if arm != "plain":
+        drafter: dict[str, Any] = {"method": "draft_model", "model": str(model_dir)}
+        if method == "ngram":
+            from workers.vllm.cpu_server import NGRAM_LOOKUP
+
+            drafter = {"method": "ngram", **NGRAM_LOOKUP}
         kwargs["speculative_config"] = {
-            "method": "draft_model",
-            "model": str(model_dir),
+            **drafter,
             "num_speculative_tokens": k_max,
             "num_speculative_tokens_per_batch_size": [[1, max_num_seqs, 0]],
         }
@@ -57,7 +63,15 @@ def _engine_kwargs(arm: str, model_dir: Path, max_num_seqs: int, k_max: int) -> 
 
 
 def run(
-    arm: str, out: Path, *, batch: int, max_tokens: int, reps: int, max_num_seqs: int, omp_cores: str | None
+    arm: str,
+    out: Path,
+    *,
+    batch: int,
+    max_tokens: int,
+    reps: int,
+    max_num_seqs: int,
+    omp_cores: str | None,
+    method: str = "draft_model",
 ) -> dict[str, Any]:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads OpenMP: see the module's docstring
@@ -72,7 +86,7 @@ def run(
     from workers.vllm.tiny_model import build_tiny_model
 
     model_dir = build_tiny_model(out.parent / "tiny-llama")
-    llm = LLM(**_engine_kwargs(arm, model_dir, max_num_seqs, k_max=4))
+    llm = LLM(**_engine_kwargs(arm, model_dir, max_num_seqs, k_max=4, method=method))
     prompts = [batch_prompt(i) for i in range(batch)]
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
 
@@ -108,6 +122,7 @@ def run(
     }
     result = {
         "arm": arm,
+        "method": None if arm == "plain" else method,
         "batch": batch,
         "max_tokens": max_tokens,
         "cpu_s": cpu,
@@ -149,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arm", choices=ARMS)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--method", choices=("draft_model", "ngram"), default="draft_model")
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--reps", type=int, default=3)
@@ -175,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         reps=args.reps,
         max_num_seqs=args.max_num_seqs,
         omp_cores=args.omp_cores,
+        method=args.method,
     )
     summary = {k: v for k, v in result.items() if k != "calls"}
     sys.stdout.write(json.dumps(summary) + "\n")
