@@ -60,9 +60,10 @@ async def test_the_follower_restarts_with_each_leader_restart_in_the_leaders_mod
         assert started == [True, False]
         assert follower.drafter is False
         assert follower.running
-        assert follower._proc is not None
-        follower._proc.kill()  # the node's vLLM died by itself (its leader went away)
-        await asyncio.to_thread(follower._proc.wait)
+        proc = follower.vllm.popen
+        assert proc is not None
+        proc.kill()  # the node's vLLM died by itself (its leader went away)
+        await asyncio.to_thread(proc.wait)
         await follower.step()
         assert started == [True, False, False]
         assert follower.running

@@ -15,13 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import subprocess
 from pathlib import Path
 
 from fleet.clock import Clock
 from fleet.restart import RestartCallError, RestartClient, RestartState
-from workers.vllm.cpu_server import REPO_ROOT, stop_group
+from workers.vllm.spawn import VllmProcess, log_path
 from workers.vllm.supervisor import PlanFor
 
 log = logging.getLogger("gearshift.vllm.follower")
@@ -59,26 +57,18 @@ class Follower:
         """The mode its vLLM runs in (a group starts with its drafter)."""
         self.starts = 0
         self.seen: Generation | None = None
-        self._proc: subprocess.Popen[bytes] | None = None
+        self.vllm = VllmProcess()
 
     def start(self) -> None:
-        plan = self.plan_for(self.drafter)
-        log_path = self.log_dir / f"vllm-{self.starts}-{'drafter' if self.drafter else 'drafter-free'}.log"
-        with log_path.open("wb") as out:
-            self._proc = subprocess.Popen(
-                list(plan.argv), stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **plan.env},
-                cwd=REPO_ROOT, start_new_session=True,
-            )  # fmt: skip
+        self.vllm.start(self.plan_for(self.drafter), log=log_path(self.log_dir, self.starts, drafter=self.drafter))
         self.starts += 1
 
     def stop(self) -> None:
-        if self._proc is not None:
-            stop_group(self._proc, timeout_s=self.stop_timeout_s)
-            self._proc = None
+        self.vllm.stop(timeout_s=self.stop_timeout_s)
 
     @property
     def running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
+        return self.vllm.running
 
     async def step(self) -> None:
         """One look at the leader: restart in its mode on a new generation, or start again if vLLM has exited."""

@@ -14,9 +14,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
-import os
 import socket
-import subprocess
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -29,8 +27,9 @@ from pydantic import SecretStr, ValidationError
 from fleet.bearer import bearer_matches
 from fleet.config import exposure, refuse_dev_secrets
 from fleet.restart import RESTART_PATH, RestartRequest, RestartState
-from workers.vllm.cpu_server import REPO_ROOT, stop_group, wait_healthy
+from workers.vllm.cpu_server import wait_healthy
 from workers.vllm.launcher import LaunchPlan
+from workers.vllm.spawn import VllmProcess, log_path
 
 log = logging.getLogger("gearshift.vllm.supervisor")
 
@@ -62,7 +61,7 @@ class Supervisor:
         self.restarts = 0
         self.last_restart_s: float | None = None
         """How long the last restart took, seconds (None before the first)."""
-        self._proc: subprocess.Popen[bytes] | None = None
+        self.vllm = VllmProcess()
 
     def state(self) -> RestartState:
         return RestartState(
@@ -71,20 +70,13 @@ class Supervisor:
 
     def start(self) -> None:
         """Start vLLM in the current mode and wait until it is healthy (blocking)."""
-        plan = self.plan_for(self.drafter)
-        log_path = self.log_dir / f"vllm-{self.restarts}-{'drafter' if self.drafter else 'drafter-free'}.log"
-        with log_path.open("wb") as out:
-            self._proc = subprocess.Popen(
-                list(plan.argv), stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **plan.env},
-                cwd=REPO_ROOT, start_new_session=True,
-            )  # fmt: skip
-        wait_healthy(self.url, self._proc, timeout_s=self.ready_timeout_s, log_path=log_path)
+        output = log_path(self.log_dir, self.restarts, drafter=self.drafter)
+        proc = self.vllm.start(self.plan_for(self.drafter), log=output)
+        wait_healthy(self.url, proc, timeout_s=self.ready_timeout_s, log_path=output)
 
     def stop(self) -> None:
         """Stop vLLM's process group (blocking)."""
-        if self._proc is not None:
-            stop_group(self._proc, timeout_s=self.stop_timeout_s)
-            self._proc = None
+        self.vllm.stop(timeout_s=self.stop_timeout_s)
 
     async def restart(self, *, drafter: bool) -> None:
         """Stop vLLM and start it again with (or without) the drafter; ``restarting`` until it is healthy."""
