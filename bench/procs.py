@@ -361,31 +361,59 @@ class RedisCluster:
             node.stop(timeout_s=timeout_s)
 
 
+def _lost_port(proc: Proc, log_offset: int) -> bool:
+    """True when ``proc`` logged, after byte ``log_offset`` of its log, that its port was taken."""
+    try:
+        with proc.log_path.open("rb") as log:
+            log.seek(log_offset)
+            return b"address already in use" in log.read().lower()
+    except OSError:
+        return False
+
+
+def _start_cluster_node(i: int, *, binary: str, log_dir: Path, pick_port: Callable[[], int]) -> Proc:
+    """Cluster node ``i`` on a port from ``pick_port``, answering PING; on a fresh port again when another process
+    took its port (or its bus port) between the pick and redis-server's bind."""
+    node_dir = log_dir / f"node-{i}"
+    node_dir.mkdir(parents=True, exist_ok=True)
+    name = f"redis-node-{i}"
+    for _ in range(_START_ATTEMPTS):
+        port = pick_port()
+        argv = [binary, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no"]
+        argv += ["--dir", str(node_dir), "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"]
+        argv += ["--cluster-node-timeout", "2000"]
+        log_path = log_dir / f"{name}.log"
+        offset = log_path.stat().st_size if log_path.exists() else 0  # spawn appends: read this attempt's lines
+        proc = spawn(name, argv, log_dir=log_dir)
+        proc.port, proc.url = port, f"redis://127.0.0.1:{port}/0"
+        if wait_until(functools.partial(redis_ping, port), timeout_s=10.0, alive=proc.alive):
+            return proc
+        proc.stop()
+        if not _lost_port(proc, offset):
+            raise ProcessFailed(f"{name}: redis-server did not answer PING:\n{proc.log_tail()}")
+    raise ProcessFailed(f"{name}: lost the port race {_START_ATTEMPTS} times:\n{proc.log_tail()}")
+
+
 def start_redis_cluster(
-    *, log_dir: Path, masters: int = 3, replicas_per_master: int = 1, timeout_s: float = 30.0
+    *,
+    log_dir: Path,
+    masters: int = 3,
+    replicas_per_master: int = 1,
+    timeout_s: float = 30.0,
+    pick_port: Callable[[], int] = free_cluster_port,
 ) -> RedisCluster:
     """A real Redis Cluster of ``masters`` masters with ``replicas_per_master`` replicas each, every node a
-    ``redis-server --cluster-enabled yes`` on a free loopback port (its node file in its own folder under
-    ``log_dir``), joined with ``redis-cli --cluster create`` and waited for until every node reports
-    ``cluster_state:ok`` and every replica is in sync. On any failure the nodes started so far are stopped."""
+    ``redis-server --cluster-enabled yes`` on a loopback port from ``pick_port`` (a free one whose bus port is free
+    too; a node that loses either to another process before it binds starts again on a fresh one), its node file in
+    its own folder under ``log_dir``, joined with ``redis-cli --cluster create`` and waited for until every node
+    reports ``cluster_state:ok`` and every replica is in sync. On any failure the nodes started so far are stopped."""
     binary, cli = shutil.which("redis-server"), shutil.which("redis-cli")
     if binary is None or cli is None:
         raise ProcessFailed("redis-server and redis-cli are needed (scripts/bootstrap.sh installs them)")
     cluster = RedisCluster(nodes=[])
     try:
         for i in range(masters * (1 + replicas_per_master)):
-            node_dir = log_dir / f"node-{i}"
-            node_dir.mkdir(parents=True, exist_ok=True)
-            port = free_cluster_port()
-            argv = [binary, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no"]
-            argv += ["--dir", str(node_dir), "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"]
-            argv += ["--cluster-node-timeout", "2000"]
-            proc = spawn(f"redis-node-{i}", argv, log_dir=log_dir)
-            proc.port, proc.url = port, f"redis://127.0.0.1:{port}/0"
-            cluster.nodes.append(proc)
-        for node in cluster.nodes:
-            if not wait_until(functools.partial(redis_ping, node.port), timeout_s=10.0, alive=node.alive):
-                raise ProcessFailed(f"{node.name}: redis-server did not answer PING:\n{node.log_tail()}")
+            cluster.nodes.append(_start_cluster_node(i, binary=binary, log_dir=log_dir, pick_port=pick_port))
         addresses = [f"127.0.0.1:{node.port}" for node in cluster.nodes]
         create = [cli, "--cluster", "create", *addresses, "--cluster-replicas", str(replicas_per_master)]
         done = subprocess.run(
