@@ -7,10 +7,11 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
-from wsgiref.simple_server import WSGIServer
 
 import httpx
-from prometheus_client import start_http_server
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder
 
 from controller.actuator import HttpActuator
 from controller.gear_mode import GearModes, HttpRestarter
@@ -18,6 +19,7 @@ from controller.loop import Controller
 from controller.metrics import ControllerMetrics
 from controller.settings import ControllerSettings, SourceKind
 from controller.sources import HttpScrapeSource, MetricsSource, PrometheusSource
+from fleet.bearer import bearer_matches
 from fleet.clock import Clock, SystemClock
 from fleet.config import CommonSettings, FleetConfig
 from fleet.perf import load_profile
@@ -89,6 +91,27 @@ def build_controller(
     )
 
 
+METRICS_PATH = "/metrics"
+
+
+def metrics_app(registry: CollectorRegistry, *, token: str | None) -> web.Application:
+    """The controller's ``GET /metrics``: ``registry`` in the exposition format the scraper's ``Accept`` asks for;
+    with ``token`` (``GEARSHIFT_METRICS_TOKEN``) only for ``Authorization: Bearer <token>`` (compared in constant
+    time, ``fleet.bearer``; 401 otherwise), as the gateway's ``/metrics``."""
+
+    async def metrics(request: web.Request) -> web.Response:
+        if token is not None and not bearer_matches(request.headers.get("Authorization"), token):
+            message = "/metrics needs the metrics token: send 'Authorization: Bearer <GEARSHIFT_METRICS_TOKEN>'."
+            error = {"message": message, "type": "authentication_error", "code": "invalid_metrics_token"}
+            return web.json_response({"error": error}, status=401)
+        encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
+        return web.Response(body=encoder(registry), headers={"Content-Type": content_type})
+
+    app = web.Application()
+    app.router.add_get(METRICS_PATH, metrics)
+    return app
+
+
 class ControllerComponent:
     """The controller as a start/stop component (``gearshift up``, ``gearshift controller``)."""
 
@@ -103,16 +126,18 @@ class ControllerComponent:
         self._client: httpx.AsyncClient | None = None
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self._http: WSGIServer | None = None
+        self._metrics: web.AppRunner | None = None
 
     async def start(self) -> None:
         await self.store.verify()  # a cluster node without GEARSHIFT_REDIS_CLUSTER (or the reverse) is refused here
         self._client = httpx.AsyncClient()
         self.controller = build_controller(self.settings, store=self.store, client=self._client, clock=self.clock)
         if self.settings.metrics_port:
-            self._http, _ = start_http_server(
-                self.settings.metrics_port, addr=self.settings.metrics_host, registry=self.controller.metrics.registry
-            )
+            token = self.settings.metrics_token
+            app = metrics_app(self.controller.metrics.registry, token=token.get_secret_value() if token else None)
+            self._metrics = web.AppRunner(app, access_log=None)
+            await self._metrics.setup()
+            await web.TCPSite(self._metrics, self.settings.metrics_host, self.settings.metrics_port).start()
         self._stop.clear()
         self._task = asyncio.create_task(self.controller.run(self._stop), name="gearshift-controller")
 
@@ -120,9 +145,9 @@ class ControllerComponent:
         self._stop.set()
         if self._task is not None:
             await self._task
-        if self._http is not None:
-            self._http.shutdown()
-            self._http.server_close()
+        if self._metrics is not None:
+            await self._metrics.cleanup()
+            self._metrics = None
         if self._client is not None:
             await self._client.aclose()
         if self._own_store:
@@ -133,7 +158,8 @@ class ControllerComponent:
         mode = "dry-run (shadow): decides, never applies" if s.dry_run else "applies k to workers"
         lines = [f"tick {s.tick_s:g} s, {mode}, source: {s.source.value}"]
         if s.metrics_port:
-            lines.append(f"metrics: http://{s.metrics_host}:{s.metrics_port}/metrics")
+            guard = " (bearer token)" if s.metrics_token is not None else ""
+            lines.append(f"metrics: http://{s.metrics_host}:{s.metrics_port}{METRICS_PATH}{guard}")
         if s.canary_worker:
             lines.append(f"canary worker: {s.canary_worker} ({s.canary_ticks} ticks)")
         return lines

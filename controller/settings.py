@@ -8,7 +8,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, Self
 
-from pydantic import Field, model_validator
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from controller.drafter_free import DrafterFreeConfig
@@ -48,6 +48,9 @@ class ControllerSettings(CommonSettings):
     metrics_port: Annotated[int, Field(ge=0, le=65535)] = 9400
     """Port of the controller's own /metrics (0 disables it)."""
     metrics_host: str = "127.0.0.1"
+    metrics_token: SecretStr | None = None
+    """Bearer token the controller's ``/metrics`` requires (``Authorization: Bearer …``, compared in constant time;
+    401 without it), as the gateway's; None leaves it open. Give Prometheus the same token."""
     state_ttl_s: Annotated[float, Field(gt=0)] = 10.0
     """TTL of the worker state published to the store."""
     max_backoff_s: Annotated[float, Field(gt=0)] = 30.0

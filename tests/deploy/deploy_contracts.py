@@ -167,15 +167,13 @@ def served_paths(process: Process) -> frozenset[str]:
 
 
 def controller_paths() -> frozenset[str]:
-    """The controller serves only its metrics, with prometheus_client's exporter (controller/app.py)."""
-    import inspect
+    """The controller serves only its metrics (``controller.app.metrics_app``): its route table."""
+    from prometheus_client import CollectorRegistry
 
-    from controller import app
+    from controller.app import metrics_app
 
-    assert "start_http_server(" in inspect.getsource(app), (
-        "the controller no longer serves prometheus_client's exporter"
-    )
-    return frozenset({"/metrics"})
+    app = metrics_app(CollectorRegistry(), token=None)
+    return frozenset(resource.canonical for resource in app.router.resources())
 
 
 def listen_port(process: Process, settings: BaseSettings, fleet: FleetConfig | None, worker_id: str | None) -> int:
