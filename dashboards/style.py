@@ -43,6 +43,19 @@ def _targets(panel: Viz, queries: tuple[prometheus.Dataquery, ...]) -> Viz:
     return panel
 
 
+def _framed(panel: Viz, title: str, unit: str, thresholds: tuple[tuple[float, str], ...]) -> Viz:
+    """The house frame of every panel: its title, the data source variable, the default size, unit, thresholds."""
+    return (
+        panel.title(title)
+        .description("")
+        .datasource(DATASOURCE)
+        .span(WIDTH)
+        .height(HEIGHT)
+        .unit(unit)
+        .thresholds(_thresholds(thresholds))
+    )
+
+
 def timeseries_panel(
     title: str,
     *queries: prometheus.Dataquery,
@@ -52,14 +65,7 @@ def timeseries_panel(
 ) -> timeseries.Panel:
     """Lines over time, stacked or not, with a table legend of mean, max and last."""
     panel = (
-        timeseries.Panel()
-        .title(title)
-        .description("")
-        .datasource(DATASOURCE)
-        .span(WIDTH)
-        .height(HEIGHT)
-        .unit(unit)
-        .thresholds(_thresholds(thresholds))
+        _framed(timeseries.Panel(), title, unit, thresholds)
         .color_scheme(board.FieldColor().mode(model.FieldColorModeId.PALETTE_CLASSIC))
         .draw_style(viz.GraphDrawStyle.LINE)
         .line_width(1)
@@ -81,48 +87,39 @@ def timeseries_panel(
     return _targets(panel, queries)
 
 
-def _last_value() -> common.ReduceDataOptions:
-    return common.ReduceDataOptions().calcs(["lastNotNull"]).fields("").values(False)
+LastValue = TypeVar("LastValue", stat.Panel, bargauge.Panel)
+
+
+def _last_value_panel(
+    panel: LastValue,
+    title: str,
+    queries: tuple[prometheus.Dataquery, ...],
+    unit: str,
+    thresholds: tuple[tuple[float, str], ...],
+) -> LastValue:
+    """A panel of each series' last value, coloured by its thresholds (a stat, a bar gauge)."""
+    last = common.ReduceDataOptions().calcs(["lastNotNull"]).fields("").values(False)
+    styled = (
+        _framed(panel, title, unit, thresholds)
+        .color_scheme(board.FieldColor().mode(model.FieldColorModeId.THRESHOLDS))
+        .reduce_options(last)
+        .orientation(viz.VizOrientation.AUTO)
+    )
+    return _targets(styled, queries)
 
 
 def stat_panel(
     title: str, *queries: prometheus.Dataquery, unit: str = "short", thresholds: tuple[tuple[float, str], ...] = ()
 ) -> stat.Panel:
     """One big number: the last value, coloured by thresholds."""
-    panel = (
-        stat.Panel()
-        .title(title)
-        .description("")
-        .datasource(DATASOURCE)
-        .span(WIDTH)
-        .height(HEIGHT)
-        .unit(unit)
-        .thresholds(_thresholds(thresholds))
-        .color_scheme(board.FieldColor().mode(model.FieldColorModeId.THRESHOLDS))
-        .reduce_options(_last_value())
-        .orientation(viz.VizOrientation.AUTO)
-    )
-    return _targets(panel, queries)
+    return _last_value_panel(stat.Panel(), title, queries, unit, thresholds)
 
 
 def bargauge_panel(
     title: str, *queries: prometheus.Dataquery, unit: str = "short", thresholds: tuple[tuple[float, str], ...] = ()
 ) -> bargauge.Panel:
     """One bar per series: the last value, coloured by thresholds."""
-    panel = (
-        bargauge.Panel()
-        .title(title)
-        .description("")
-        .datasource(DATASOURCE)
-        .span(WIDTH)
-        .height(HEIGHT)
-        .unit(unit)
-        .thresholds(_thresholds(thresholds))
-        .color_scheme(board.FieldColor().mode(model.FieldColorModeId.THRESHOLDS))
-        .reduce_options(_last_value())
-        .orientation(viz.VizOrientation.AUTO)
-    )
-    return _targets(panel, queries)
+    return _last_value_panel(bargauge.Panel(), title, queries, unit, thresholds)
 
 
 def row(title: str) -> board.Row:
