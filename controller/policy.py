@@ -341,6 +341,7 @@ def decide(
         for k in ks
     )  # fmt: skip
     allowed = [c for c in cands if c.allowed and c.full_speed] or [c for c in cands if c.allowed]
+    snap_to = sorted(c.k for c in allowed)  # the table's gear snaps to these, not to the TTFT-filtered set below
     feasible = [c for c in allowed if c.feasible]
     overloaded = not feasible
     ttft_text = ""
@@ -354,8 +355,8 @@ def decide(
         elif not prompt_ok:
             ttft_text = f"no k meets the TTFT target {ttft_target_s:.1f} s: set aside"
     table_k = None
-    if config.start_from_table and allowed:
-        table_k = snap_gear(table_gear(est, profile), sorted(c.k for c in allowed))
+    if config.start_from_table and snap_to:
+        table_k = snap_gear(table_gear(est, profile), snap_to)
     basis, evidence = Basis.MODEL, ""
     fastest = min(c.tpot_worst_s for c in allowed)
     near = [c for c in allowed if c.tpot_worst_s <= fastest * (1 + config.overload_tpot_tolerance)]

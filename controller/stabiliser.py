@@ -5,6 +5,8 @@ A pure step function ``stabilise(state, decision, estimate, now) -> (state, acti
 1. **Stale metrics**: hold for ``stale_hold_s``, then fall to the conservative default k.
 2. **No data yet**: hold.
 3. **Probe** in progress: hold at k_max for ``probe_s``, then take the policy's (now informed) k; a risk aborts it.
+   A neighbour probe (5b) ends on the better of the two gears it compared (the policy's k when it is one of
+   them, else the gear it left): a different k the policy wants then goes through the normal path's hysteresis.
 4. **Fast down**: when the policy flags a risk (KV, preemptions, acceptance collapse, a missed TPOT target) and
    wants a lower k, switch at once, ignoring dwell. A collapse schedules a re-probe after ``collapse_reprobe_s``.
 5. **Probe due**: every ``probe_interval_s`` below k_max, if the policy predicts k_max costs at most
@@ -105,6 +107,8 @@ class StabiliserState:
     direction: int = 0
     neighbour_probing: bool = False
     """The probe in progress is a neighbour probe (``_neighbour_probe``)."""
+    probe_from: int = 0
+    """The gear a neighbour probe left (where it returns unless the probed gear measured better)."""
     climbing: bool = False
     """The last neighbour probe found its gear better and stayed there: the next neighbour probe waits only
     ``min_dwell_s``, not ``neighbour_probe_s`` (a wrong model is climbed out of one gear per dwell, not per 30 s;
@@ -167,8 +171,11 @@ def stabilise(
             return _switch(state, decision.k, now, ActionKind.FAST_DOWN, f"probe aborted: {decision.reason}")
         if now < state.probe_until_s:
             return _hold(state, f"probing k={state.k} until acceptance beyond the old k is measured")
-        new, action = _switch(state, decision.k, now, ActionKind.PROBE_END, f"probe done: {decision.reason}")
-        if state.neighbour_probing and decision.k == state.k:  # the neighbour measured better: keep climbing
+        k = decision.k
+        if state.neighbour_probing and k not in (state.k, state.probe_from):
+            k = state.probe_from  # a neighbour probe compares two gears: any other move takes the normal path
+        new, action = _switch(state, k, now, ActionKind.PROBE_END, f"probe done: {decision.reason}")
+        if state.neighbour_probing and k == state.k:  # the neighbour measured better: keep climbing
             new = replace(new, climbing=True)
         return new, action
     if decision.risk is not Risk.NONE and decision.k < state.k:
@@ -241,7 +248,7 @@ def _neighbour_probe(
     )
     new = replace(
         state, k=pick.k, since_s=now, history=(), probe_until_s=now + cfg.probe_s, last_neighbour_probe_s=now,
-        neighbour_probing=True, climbing=False,
+        neighbour_probing=True, climbing=False, probe_from=state.k,
     )  # fmt: skip
     return new, Action(pick.k, ActionKind.PROBE, why)
 

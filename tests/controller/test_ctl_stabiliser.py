@@ -265,3 +265,14 @@ def test_a_neighbour_probe_that_pays_is_followed_by_the_next_after_the_dwell(lab
     back, _ = stabilise(probing, decision(0, gain=0.0, goodput=goodput), est, 45.0, CFG)
     _, held = stabilise(back, decision(0, gain=0.0, goodput=goodput), replace(est, fresh_gears=(0,)), soon, CFG)
     assert held.kind is ActionKind.HOLD, "the probe did not pay: the full spacing"
+
+
+def test_a_neighbour_probe_ends_on_one_of_the_two_gears_it_compared(lab_profile: Profile) -> None:
+    """The policy wanting a third gear at a neighbour probe's end is a normal move (with its hysteresis), not a
+    jump taken at once: the worker goes back to the gear it left."""
+    goodput = {0: 100.0, 1: 99.0, 3: 120.0}
+    est = make_estimate(lab_profile, k_current=0, batch=512.0, fresh_gears=(0,))
+    probing, a = stabilise(initial_state(0, 0.0), decision(0, gain=0.0, goodput=goodput), est, 40.0, CFG)
+    assert (a.k, a.kind) == (1, ActionKind.PROBE)
+    _, end = stabilise(probing, decision(3, gain=0.2, goodput=goodput), replace(est, k_current=1), 45.0, CFG)
+    assert (end.k, end.kind) == (0, ActionKind.PROBE_END)
