@@ -63,21 +63,25 @@ async def edit_tenant(
 async def suspend_tenant(
     tenant_id: str, console: ConsoleDep, session: SessionDep, _: FormDep, gw: GatewayDep
 ) -> Response:
-    return await perform(
-        _tenant_page(console.pages.base, tenant_id),
-        lambda: tenants_admin.change_tenant(gw, tenant_id, {"suspended": True}, session.admin_id),
-        notice="Tenant suspended: its requests are refused (403).",
-    )
+    notice = "Tenant suspended: its requests are refused (403)."
+    return await _set_suspended(tenant_id, console, session, gw, suspended=True, notice=notice)
 
 
 @router.post("/tenants/{tenant_id}/resume")
 async def resume_tenant(
     tenant_id: str, console: ConsoleDep, session: SessionDep, _: FormDep, gw: GatewayDep
 ) -> Response:
+    return await _set_suspended(tenant_id, console, session, gw, suspended=False, notice="Tenant resumed.")
+
+
+async def _set_suspended(
+    tenant_id: str, console: ConsoleDep, session: SessionDep, gw: GatewayDep, *, suspended: bool, notice: str
+) -> Response:
+    """Suspend or resume the tenant (the admin API's change of its ``suspended`` field) and back to its page."""
     return await perform(
         _tenant_page(console.pages.base, tenant_id),
-        lambda: tenants_admin.change_tenant(gw, tenant_id, {"suspended": False}, session.admin_id),
-        notice="Tenant resumed.",
+        lambda: tenants_admin.change_tenant(gw, tenant_id, {"suspended": suspended}, session.admin_id),
+        notice=notice,
     )
 
 
