@@ -309,12 +309,11 @@ def test_a_ttft_target_that_rules_out_the_tables_gear_leaves_the_choice_to_the_m
     est = make_estimate(lab_profile, batch=8.0, class_mix=(("maths", 1.0),), prefill_per_token=4.0, waiting=20.0)
     free = decide(est, lab_profile, tpot_target_s=None, config=TABLE_CFG)
     assert free.basis is Basis.TABLE
-    ttft = {c.k: c.ttft_s for c in free.candidates}
+    ttft = {c.k: c.ttft_s or 0.0 for c in free.candidates}
     assert free.table_k is not None
-    assert ttft[1] is not None
-    assert ttft[free.table_k] is not None
-    target = (ttft[1] + ttft[2]) / 2 if free.table_k > 1 else None
-    assert target is not None, "the case needs a table gear above k = 1"
+    assert free.table_k > 1, "the case needs a table gear above k = 1"
+    assert 0.0 < ttft[1] < ttft[2]
+    target = (ttft[1] + ttft[2]) / 2
     d = decide(est, lab_profile, tpot_target_s=None, config=TABLE_CFG, ttft_target_s=target)
     assert d.table_k == free.table_k, "the table's gear is the table's, not snapped into the predicted set"
     assert d.basis is Basis.MODEL
