@@ -89,10 +89,18 @@ def single_scope(names: Iterable[str]) -> None:
         raise ScopeMismatch(f"one store call must keep to one limit scope, got {sorted(scopes)}")
 
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 """Version of the key layout and record formats under a prefix (issue 27): a store written by a newer gearshift
 (a higher version) is refused at start rather than misread; an older one is upgraded by ``RedisStore.verify``.
-Raise it with every change that an older gearshift would misread, with the upgrade step beside it."""
+Raise it with every change that an older gearshift would misread, with the upgrade step beside it.
+
+- 1: the release of 9e2bbd5.
+- 2: the admin-audit log in the tenants collection's slot (``LOG_SLOTS``, d8ccdd2) and run-time tenant documents
+  carrying ``version`` (26c390f) and ``tenant.budget_period`` (3ff30d8). Version 1 ignores every tenant document
+  this layout writes (its ``TenantChange`` forbids the new fields: a tenant suspended or limited at run time would
+  be served unchanged by a version-1 gateway) and never reads the audit log's new key. Upgrade from 1: no step;
+  version 2 reads version-1 data as it is (the log's old key is merged on read, ``KeyLayout.legacy_log``; a document
+  without ``version`` reads as version 0, without ``budget_period`` as ``total``)."""
 
 
 class KeyLayout:
