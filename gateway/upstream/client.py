@@ -8,7 +8,6 @@ worker is charged with it (see ``WorkerPool.failed``) and the next-ranked worker
 
 from __future__ import annotations
 
-import asyncio
 import io
 import math
 from collections.abc import Sequence
@@ -20,6 +19,7 @@ from prometheus_client import Gauge
 from gateway.errors import GatewayError, NoWorkerAvailable, UpstreamFailed, UpstreamTimeout
 from gateway.routing.pool import WorkerPool, WorkerView
 from gateway.settings import GatewaySettings
+from gateway.upstream.deadline import Deadline
 from gateway.usage.metrics import GatewayMetrics
 
 _JSON = {"content-type": "application/json"}
@@ -35,8 +35,8 @@ class Hold:
     the call's outcome to the pool: ``failure`` charges the worker, ``ok`` clears its failures. A call that ends
     with neither (cancelled, or a worker's own 4xx answer) reports nothing."""
 
-    __slots__ = ("_gauge", "_pool", "_prefill", "attempts", "failure", "first_chunk", "ok", "refused", "request_id",
-                 "response", "worker")  # fmt: skip
+    __slots__ = ("_gauge", "_pool", "_prefill", "attempts", "deadline", "failure", "first_chunk", "ok", "refused",
+                 "request_id", "response", "worker")  # fmt: skip
 
     response: aiohttp.ClientResponse
     """Set once the worker answered with a status (always set on a hold that ``Upstream.open`` returns)."""
@@ -63,6 +63,8 @@ class Hold:
         """What the worker is charged with when the hold ends."""
         self.refused = False
         """The worker refused the connection (it is marked down at once)."""
+        self.deadline = Deadline()
+        """The call's waits on this worker (first byte, the answer, each chunk): one timer for them all."""
         self._pool = pool
         self._gauge = gauge
         self._prefill = max(0, prompt_tokens)
@@ -78,6 +80,7 @@ class Hold:
     async def close(self) -> None:
         """Release everything the hold counts and report its outcome; call exactly once."""
         self._end_prefill()
+        self.deadline.close()
         if hasattr(self, "response"):  # unset when the worker never answered
             self.response.close()
         self.worker.in_flight -= 1
@@ -178,7 +181,7 @@ class Upstream:
         view = hold.worker
         limit = self._settings.first_byte_timeout_s if stream else self._settings.request_timeout_s
         try:
-            async with asyncio.timeout(limit):
+            with hold.deadline.after(limit):
                 # aiohttp writes a large bytes body in one go (and warns): stream it from a buffer instead.
                 data = body if len(body) <= _LARGE_BODY else io.BytesIO(body)
                 response = hold.response = await self._session.post(

@@ -103,7 +103,7 @@ async def stream(
     connection, or an end without ``[DONE]``."""
     await send({"type": "http.response.start", "status": 200, "headers": [*SSE_HEADERS, *headers]})
     guard.answering = True
-    content, worker, request_id = hold.response.content, hold.worker.id, hold.request_id
+    content, worker, request_id, waits = hold.response.content, hold.worker.id, hold.request_id, hold.deadline
     streaming = "The upstream worker failed while streaming"
     chunk = hold.first_chunk
     deadline = clock.monotonic() + total_timeout_s
@@ -115,7 +115,7 @@ async def stream(
             return None
         left = deadline - clock.monotonic()
         try:
-            async with asyncio.timeout(min(idle_timeout_s, max(left, 0.0))):
+            with waits.after(min(idle_timeout_s, max(left, 0.0))):
                 chunk = await content.readany()
         except TimeoutError:
             if left <= idle_timeout_s:
@@ -136,7 +136,7 @@ async def read_whole(hold: Hold, *, timeout_s: float) -> tuple[bytes, Usage | No
     a successful one; ``UpstreamFailed`` when the worker breaks off or a 200 answer is not JSON."""
     response, worker, request_id = hold.response, hold.worker.id, hold.request_id
     try:
-        async with asyncio.timeout(timeout_s):
+        with hold.deadline.after(timeout_s):
             body = hold.first_chunk + await response.read()
     except (aiohttp.ClientError, OSError, TimeoutError) as exc:
         detail = f"worker {worker} failed while answering: {exc!r}"
