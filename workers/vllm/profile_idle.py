@@ -6,7 +6,11 @@ step. Run with ``.venv-vllm``'s python, once per arm::
     .venv-vllm/bin/python -m workers.vllm.profile_idle --arm skip --out /tmp/k0/skip
     .venv-vllm/bin/python -m workers.vllm.profile_idle --diff /tmp/k0/plain /tmp/k0/skip
 
-``--method ngram`` speculates with ngram instead of the tiny model as its own draft model.
+``--method ngram`` speculates with ngram instead of the tiny model as its own draft model. ``--paired --arm skip``
+(or ``stock``) builds both engines in one process and interleaves their generations: the figure to quote, since
+two processes' CPU times differ by several per cent on a busy machine even with the same work::
+
+    .venv-vllm/bin/python -m workers.vllm.profile_idle --paired --arm skip --batch 1 --reps 10
 
 Arms: ``plain`` (no speculative config), ``stock`` (speculation at k = 0, the skip off), ``skip`` (speculation at
 k = 0, the plugin's skip on). k = 0 is the start-up table ``[[1, max_num_seqs, 0]]``. Each run prints the best CPU
@@ -29,7 +33,9 @@ import hashlib
 import json
 import os
 import pstats
+import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -137,6 +143,51 @@ def run(
     return result
 
 
+def paired(arm: str, *, batch: int, max_tokens: int, reps: int, max_num_seqs: int, method: str) -> dict[str, Any]:
+    """``plain`` and ``arm`` as two engines in this one process, their generations interleaved (the order
+    alternating): both see the same machine at the same moments, so their CPU-time ratio moves far less with
+    other work than two processes' do. Returns each engine's best and median CPU seconds per generation, the
+    ratio of the bests, the median of the per-pair ratios, and whether their greedy texts are equal."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    os.environ["VLLM_PLUGINS"] = "gearshift"
+    os.environ["GEARSHIFT_IDLE_DRAFTER"] = "stock" if arm == "stock" else "skip"  # plain: inert either way
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from vllm import LLM, SamplingParams
+
+    from workers.vllm.measure import batch_prompt
+    from workers.vllm.tiny_model import build_tiny_model
+
+    model_dir = build_tiny_model(Path(tempfile.gettempdir()) / "gearshift-profile-idle" / "tiny-llama")
+    engines = {
+        name: LLM(**_engine_kwargs(name, model_dir, max_num_seqs, k_max=4, method=method)) for name in ("plain", arm)
+    }
+    prompts = [batch_prompt(i) for i in range(batch)]
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    texts = {
+        name: [o.outputs[0].text for o in e.generate(prompts, params, use_tqdm=False)] for name, e in engines.items()
+    }
+    cpu: dict[str, list[float]] = {name: [] for name in engines}
+    for r in range(reps):
+        for name in ("plain", arm) if r % 2 == 0 else (arm, "plain"):
+            start = time.process_time()
+            engines[name].generate(prompts, params, use_tqdm=False)
+            cpu[name].append(time.process_time() - start)
+    return {
+        "arm": arm,
+        "method": method,
+        "batch": batch,
+        "reps": reps,
+        "plain_best_s": min(cpu["plain"]),
+        "arm_best_s": min(cpu[arm]),
+        "ratio_of_bests": min(cpu[arm]) / min(cpu["plain"]),
+        "median_pair_ratio": statistics.median(b / a for a, b in zip(cpu["plain"], cpu[arm], strict=True)),
+        "plain_median_s": statistics.median(cpu["plain"]),
+        "arm_median_s": statistics.median(cpu[arm]),
+        "same_text": texts["plain"] == texts[arm],
+    }
+
+
 def diff(a: dict[str, Any], b: dict[str, Any], *, top: int) -> str:
     """Functions by the difference in calls per engine step (b − a), then by cumulative seconds per step."""
     sa, sb = max(1, a["steps"]), max(1, b["steps"])
@@ -174,6 +225,9 @@ def main(argv: list[str] | None = None) -> int:
         help="VLLM_CPU_OMP_THREADS_BIND, e.g. 0: one OpenMP thread, whose CPU time a busy machine moves far less "
         "than a team's spin-waits (default: vLLM's, every core)",
     )
+    parser.add_argument(
+        "--paired", action="store_true", help="CPU time of --arm against plain, both engines in this process"
+    )
     parser.add_argument("--diff", nargs=2, type=Path, metavar=("A", "B"))
     parser.add_argument("--top", type=int, default=40)
     args = parser.parse_args(argv)
@@ -181,8 +235,21 @@ def main(argv: list[str] | None = None) -> int:
         a, b = (json.loads((p / "calls.json").read_text()) for p in args.diff)
         sys.stdout.write(diff(a, b, top=args.top) + "\n")
         return 0
+    if args.paired:
+        if args.arm in (None, "plain"):
+            parser.error("--paired needs --arm stock or skip")
+        answer = paired(
+            args.arm,
+            batch=args.batch,
+            max_tokens=args.max_tokens,
+            reps=args.reps,
+            max_num_seqs=args.max_num_seqs,
+            method=args.method,
+        )
+        sys.stdout.write(json.dumps(answer) + "\n")
+        return 0
     if args.arm is None or args.out is None:
-        parser.error("--arm and --out, or --diff A B")
+        parser.error("--arm and --out, or --paired --arm, or --diff A B")
     result = run(
         args.arm,
         args.out,
