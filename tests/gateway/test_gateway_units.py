@@ -110,6 +110,38 @@ def test_stream_meter_output_does_not_depend_on_chunking(cuts: list[int]) -> Non
     assert _run(kept, parts) == STREAM[: STREAM.index(b"data: [DONE]")]
 
 
+def _event_by_event(meter: StreamMeter, block: bytes, now: float) -> bytes:
+    """What ``feed`` answers for a block of complete events, computed one event at a time."""
+    kept = (meter._keep(event, now) for event in block.split(b"\n\n")[:-1])
+    return b"".join(event + b"\n\n" for event in kept if event)
+
+
+_ERROR_EVENT = b'data: {"error": {"message": "engine died", "type": "InternalServerError", "code": 500}}\n\n'
+_PLAIN = b"".join(_chunk(c) for c in "abcdefgh")
+
+
+@pytest.mark.parametrize(
+    "block",
+    [
+        _PLAIN + USAGE + b"data: [DONE]\n\n",  # a whole stream read in one go
+        _PLAIN + _chunk("data: [DONE]") + _chunk('"usage"') + USAGE,  # the markers inside a chunk's text
+        b"\n\n" + _PLAIN + USAGE,  # an empty event first
+        _PLAIN[:-1] + b"\n\n" + USAGE + b"data: [DONE]\n\n",  # a blank line more: an event that starts with one
+        _PLAIN + b"\n\n" + USAGE,  # an empty event before the usage
+        _PLAIN + _ERROR_EVENT + b"data: [DONE]\n\n",
+        b": keep-alive\n\n" + _PLAIN + b"data: [DONE]\n\n",
+        _PLAIN,
+    ],
+    ids=["stream", "markers-in-text", "empty-first", "blank-line-more", "empty-event", "error", "comment", "plain"],
+)
+@pytest.mark.parametrize("strip", [True, False])
+def test_stream_meter_passes_plain_events_as_a_slice_as_it_would_one_by_one(block: bytes, strip: bool) -> None:
+    sliced, stepped = StreamMeter(strip_usage=strip), StreamMeter(strip_usage=strip)
+    assert sliced.feed(block, 1.0) == _event_by_event(stepped, block, 1.0)
+    for field in ("usage", "first_token_at", "last_token_at", "chunk_events", "choice_tokens", "done"):
+        assert getattr(sliced, field) == getattr(stepped, field), field
+
+
 def _running(index: int, content: str, completion_tokens: int) -> bytes:
     """A chunk with vLLM's ``continuous_usage_stats``: its choice's running completion tokens."""
     usage = {"prompt_tokens": 5, "completion_tokens": completion_tokens, "total_tokens": 5 + completion_tokens}
