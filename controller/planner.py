@@ -12,8 +12,9 @@ model. ``plan_fleet`` returns a ``fleet.plan.FleetPlan``; the pool model is ``co
 
 - *shared*: one pool with the drafter loaded, its gear left to the per-worker loops (k None): today's controller;
 - *shared with a drafter-free part*: for every ``n_off`` = 1 … n, ``n_off`` workers without their drafter (k = 0,
-  no idle-drafter tax) beside the loaded rest, every class served by both parts in proportion to their workers
-  (the gateway balances on load) and the tiers whose ``speculation`` is ``off`` by the drafter-free part alone;
+  no idle-drafter tax) beside the loaded rest, the tiers whose ``speculation`` is ``off`` served by the drafter-free
+  part alone and every other class by both, balanced on load as the gateway's scorers balance it (``split_rates``:
+  the workers filled to an equal request rate, so the drafter-free part takes less of the rest);
   with the plugin's idle-drafter skip (``PlannerConfig.idle_drafter``), also a *free-k0* part: loaded workers
   pinned at k = 0, which serve those tiers with no restart;
 - *split*: the classes with a TPOT target in an *interactive* pool, the rest in a *batch* pool, for every pool
@@ -76,6 +77,7 @@ __all__ = [
     "PlannerConfig",
     "PlannerInput",
     "PoolEstimate",
+    "PoolSpec",
     "WorkerAcceptance",
     "candidates",
     "estimate_acceptance",
@@ -84,6 +86,7 @@ __all__ = [
     "prior_accepted_length",
     "shared_view",
     "spill_limit",
+    "split_rates",
     "through_restart",
 ]
 
@@ -211,19 +214,61 @@ def _takes(pool: PoolSpec | PoolPlan, c: ClassLoad, cfg: PlannerConfig) -> bool:
     return listed and (not c.speculation_off or _serves_off(pool.drafter, pool.k, cfg))
 
 
+def split_rates(
+    loads: Sequence[ClassLoad], pools: Sequence[PoolSpec | PoolPlan], sizes: Sequence[int], cfg: PlannerConfig
+) -> list[list[tuple[ClassLoad, float]]]:
+    """Each pool's ``(class, requests/s)``: an ``off`` tier split over the pools decoding without drafts in
+    proportion to their workers; every other class as the gateway's load-balancing scorers send it, filling the
+    workers of the pools that serve it to an equal request rate per worker on top of what they already carry
+    (water-filling, classes taken together per set of pools that serve them): a drafter-free worker that carries
+    the ``off`` traffic gets less of the rest. With every class served by one pool, or by pools carrying nothing
+    else, this is the split in proportion to workers."""
+    out: list[list[tuple[ClassLoad, float]]] = [[] for _ in pools]
+    per_worker = [0.0] * len(pools)
+    takers = {c.name: [i for i, p in enumerate(pools) if _takes(p, c, cfg)] for c in loads}
+    for c in loads:
+        if c.speculation_off:
+            total = sum(sizes[i] for i in takers[c.name])
+            for i in takers[c.name]:
+                out[i].append((c, c.rate_req_s * sizes[i] / total))
+                per_worker[i] += c.rate_req_s / total
+    groups: dict[tuple[int, ...], list[ClassLoad]] = {}
+    for c in loads:
+        if not c.speculation_off and takers[c.name]:
+            groups.setdefault(tuple(takers[c.name]), []).append(c)
+    for group, members in groups.items():
+        rate = sum(c.rate_req_s for c in members)
+        level = _fill_level([per_worker[i] for i in group], [sizes[i] for i in group], rate)
+        for i in group:
+            share = sizes[i] * max(level - per_worker[i], 0.0)
+            for c in members:
+                out[i].append((c, c.rate_req_s * share / rate if rate > 0 else 0.0))
+            per_worker[i] = max(per_worker[i], level)
+    return out
+
+
+def _fill_level(base: Sequence[float], sizes: Sequence[int], rate: float) -> float:
+    """The per-worker level ``L`` with ``Σ size_i · max(L − base_i, 0) = rate`` (requests/s)."""
+    order = sorted(range(len(base)), key=lambda i: base[i])
+    filled, width = 0.0, 0
+    for j, i in enumerate(order):
+        width += sizes[i]
+        nxt = base[order[j + 1]] if j + 1 < len(order) else float("inf")
+        need = (nxt - base[i]) * width
+        if filled + need >= rate:
+            return base[i] + (rate - filled) / width
+        filled += need
+    return float("inf")
+
+
 def score_pools(inp: PlannerInput, loads: Sequence[ClassLoad], pools: Sequence[PoolSpec | PoolPlan],
                 cfg: PlannerConfig) -> tuple[float, dict[str, PoolEstimate]]:  # fmt: skip
-    """The predicted goodput of ``pools`` serving ``loads``: each class split over the pools that serve it in
-    proportion to their workers (an ``off`` tier only over the pools decoding at k = 0); a pool with k None is
-    judged as the per-worker controller judges itself, at its best gear (``shared_view``)."""
+    """The predicted goodput of ``pools`` serving ``loads``, each class split over the pools that serve it as the
+    gateway sends it (``split_rates``); a pool with k None is judged as the per-worker controller judges itself,
+    at its best gear (``shared_view``)."""
     total, estimates = 0.0, {}
     sizes = [len(p.workers) if isinstance(p, PoolPlan) else p.size for p in pools]
-    for pool, size in zip(pools, sizes, strict=True):
-        mine = []
-        for c in loads:
-            if _takes(pool, c, cfg):
-                share = sum(s for p, s in zip(pools, sizes, strict=True) if _takes(p, c, cfg))
-                mine.append((c, c.rate_req_s * size / share))
+    for pool, size, mine in zip(pools, sizes, split_rates(loads, pools, sizes, cfg), strict=True):
         cap = (pool.max_concurrency if isinstance(pool, PoolPlan) else pool.cap) or inp.max_num_seqs
         if pool.k is None:
             gears = [0] if pool.drafter == "off" else _gears(inp)

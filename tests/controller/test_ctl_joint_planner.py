@@ -5,13 +5,16 @@ from __future__ import annotations
 
 from controller.planner import (
     DRAFTER_FREE_POOL,
+    SHARED_POOL,
     ClassLoad,
     PlannerConfig,
     PlannerInput,
+    PoolSpec,
     candidates,
     evaluate_pool,
     plan_fleet,
     prior_accepted_length,
+    split_rates,
     through_restart,
 )
 from fleet.config import SpeculationMode, TierConfig
@@ -149,3 +152,19 @@ def test_with_the_idle_drafter_skip_an_off_tier_is_served_at_k0_without_a_restar
     stock = plan_fleet(_input(_random(8.0), off, movable=()), LONG)
     assert not [p for p in stock.pools if p.serves("nospec/random") and p.k == 0 and p.drafter == "loaded"]
     assert stock.predicted["goodput_tok_s"] < plan.predicted["goodput_tok_s"] - 0.9 * 4.0 * 128
+
+
+def test_the_drafter_free_part_takes_the_off_tier_and_less_of_the_rest() -> None:
+    """The gateway balances the other classes on load, so a drafter-free worker already carrying the ``off`` tier
+    gets less of them (before: every class in proportion to the workers, loading the drafter-free part with half
+    of the rest on top of the off tier); per worker, every worker ends at the same request rate."""
+    off, chat = _random(1.0, OFF, "off/random"), _chat(5.0)
+    shared = PoolSpec(SHARED_POOL, (chat.name,), 2)
+    free = PoolSpec(DRAFTER_FREE_POOL, (chat.name, off.name), 1, drafter="off", k=0)
+    rates = split_rates([chat, off], [shared, free], [2, 1], PlannerConfig())
+    per_pool = [sum(r for _, r in mine) for mine in rates]
+    assert {c.name: r for c, r in rates[1]}[off.name] == 1.0
+    assert off.name not in {c.name: r for c, r in rates[0]}
+    assert sum(per_pool) == chat.rate_req_s + off.rate_req_s
+    assert per_pool[0] / 2 == per_pool[1], "every worker at the same request rate"
+    assert {c.name: r for c, r in rates[1]}[chat.name] < chat.rate_req_s / 3, "less than its worker share"
