@@ -6,7 +6,10 @@ workload hint, prompt and output tokens) and the injected time ``now`` (Unix sec
 Per class (``fleet.plan.traffic_class``), over the last ``windows`` windows of ``window_s`` seconds:
 
 - **level and trend**: a least-squares line through the windows' arrival rates (requests/s), read at ``now``
-  (level) and as its slope (trend, requests/s per second);
+  (level) and as its slope (trend, requests/s per second); only the windows after the ledger's first record
+  count: before it the load is unknown, not zero (counted as zero, a fleet's first minutes read as a steep
+  rise, extrapolated over the restart horizon: 1.6 req/s measured, 2.9 forecast, 4.8 planned for); a slope
+  within ``z`` standard errors of zero is no trend (the mean stands);
 - **daily profile**, when the ledger reaches back a day: the change the same class showed yesterday between
   ``now`` and ``now + horizon_s`` is added to the level (a surge that came at 09:00 yesterday is expected at 09:00
   today, before it arrives); the trend is then not extrapolated, yesterday's shape stands in for it;
@@ -81,14 +84,21 @@ def _arrival(r: UsageRecord) -> float:
     return r.arrived_at if r.arrived_at is not None else r.at
 
 
-def _line(rates: Sequence[float]) -> tuple[float, float, float]:
-    """Least squares through ``rates`` at x = 0…n−1: (value at the last x, slope per step, residual spread)."""
+def _line(rates: Sequence[float], z: float, window_s: float) -> tuple[float, float, float]:
+    """Least squares through ``rates`` at x = 0…n−1: (value at the last x, slope per step, residual spread). A
+    slope within ``z`` of its own standard error (from the residuals, at least the windows' Poisson noise,
+    √(rate / window_s)) is noise, not a trend: then the mean, no slope, and the spread about the mean (three
+    noisy windows' slope, extrapolated over a restart's horizon, doubled a steady rate)."""
     n = len(rates)
     mean_x, mean_y = (n - 1) / 2, sum(rates) / n
     sxx = sum((x - mean_x) ** 2 for x in range(n))
     slope = sum((x - mean_x) * (y - mean_y) for x, y in enumerate(rates)) / sxx if sxx > 0 else 0.0
     fitted = [mean_y + slope * (x - mean_x) for x in range(n)]
     spread = math.sqrt(sum((y - f) ** 2 for y, f in zip(rates, fitted, strict=True)) / max(n - 2, 1))
+    noise = max(spread, math.sqrt(max(mean_y, 0.0) / window_s))
+    if n < 3 or abs(slope) <= z * noise / math.sqrt(sxx):
+        flat = math.sqrt(sum((y - mean_y) ** 2 for y in rates) / max(n - 1, 1))
+        return mean_y, 0.0, flat
     return fitted[-1], slope, spread
 
 
@@ -106,14 +116,18 @@ def forecast(
     for r in records:
         by_class[traffic_class(r.tier or "default", r.workload)].append(r)
     out: dict[TrafficClass, Forecast] = {}
+    history = min((_arrival(r) for recs in by_class.values() for r in recs), default=now)
     for cls, recs in sorted(by_class.items()):
         times = [_arrival(r) for r in recs]
         recent = [r for r, t in zip(recs, times, strict=True) if now - span <= t < now]
         if not recent:
             continue
-        starts = [now - span + i * cfg.window_s for i in range(cfg.windows)]
-        rates = [_rate(times, s, s + cfg.window_s) for s in starts]
-        level, slope, spread = _line(rates)
+        starts = [s for i in range(cfg.windows) if (s := now - span + i * cfg.window_s) >= history]
+        if starts:
+            rates = [_rate(times, s, s + cfg.window_s) for s in starts]
+            level, slope, spread = _line(rates, cfg.z, cfg.window_s)
+        else:  # the ledger is younger than one window: its rate so far, no trend
+            level, slope, spread = _rate(times, history, now) if now > history else 0.0, 0.0, 0.0
         trend = slope / cfg.window_s
         daily = min(times) <= now - DAY_S + cfg.window_s
         if daily:
