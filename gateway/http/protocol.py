@@ -4,7 +4,9 @@ uvicorn bounds neither the size nor the number of request headers, nor the time 
 them, so one slow or hostile client can hold a connection (and its memory) forever. This protocol counts the
 head as it is parsed and answers ``431`` with an OpenAI error body beyond ``max_header_bytes`` or
 ``max_headers``, and closes a connection whose head is not complete ``header_timeout_s`` after it began (or
-after the connection opened). The rest of the request is uvicorn's.
+after the connection opened). The timer is armed only for a head that one read leaves incomplete (and once per
+connection, at its start): a keep-alive request whose head arrives whole, nearly all of them, arms none. The rest
+of the request is uvicorn's.
 
 It also keeps an idle keep-alive connection on which a request is already waiting. uvicorn closes an idle connection
 ``timeout_keep_alive`` after its last response; uvloop runs due timers before it reads the sockets, so a loop that
@@ -44,6 +46,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._head_pending = 0
         self._rejection: str | None = None
         self._in_head = True
+        self._head_began = self.loop.time()
         self._head_timer: asyncio.TimerHandle | None = self.loop.call_later(self.header_timeout_s, self._head_timeout)
 
     def timeout_keep_alive_handler(self) -> None:
@@ -61,14 +64,15 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._head_pending += len(data)  # bytes of a head still incomplete: the parser buffers them
             if self._head_pending > self.max_header_bytes:
                 self._reject(f"The request head exceeds {self.max_header_bytes} bytes.")
+            elif self._head_timer is None:  # the head goes on in a later read: time it from its start
+                self._head_timer = self.loop.call_at(self._head_began + self.header_timeout_s, self._head_timeout)
 
     # ------------------------------------------------------------------------------------- parser callbacks
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._head_bytes = self._headers_seen = 0
         self._in_head = True
-        if self._head_timer is None:
-            self._head_timer = self.loop.call_later(self.header_timeout_s, self._head_timeout)
+        self._head_began = self.loop.time()  # a head read whole arms no timer (``data_received``: one left incomplete)
 
     def on_url(self, url: bytes) -> None:
         self._count(len(url))
