@@ -25,7 +25,6 @@ BUILT_IN = {
     "mixed-tiers",
     "placement-knee-mi355x",
     "placement-knee-tp16",
-    "plan-off-traffic",
     "plan-steady-batch",
     "plan-surge",
     "placement-surge-mi355x",
@@ -70,11 +69,7 @@ def test_built_in_scenarios_load_and_cover_the_issue() -> None:
     assert rates[1] == pytest.approx(3 * rates[0])
     assert scenarios["plan-steady-batch"].plan_gain
     assert is_mixed_tier(scenarios["plan-steady-batch"])
-    off = scenarios["plan-off-traffic"]  # issue 25: per-request off traffic at 20 % of requests
-    weights = {c.tier: c.weight for p in off.phases for c in p.mix}
-    assert off.tiers["no-spec"].speculation is SpeculationMode.OFF
-    assert weights["no-spec"] / sum(weights.values()) == pytest.approx(0.2)
-    for name in ("plan-surge", "plan-steady-batch", "plan-off-traffic"):
+    for name in ("plan-surge", "plan-steady-batch"):
         assert set(scenarios[name].profiles or ()) == {"kimi-k3-dspark-tp16", "kimi-k3-dspark-mi355x-tp8"}, name
 
 
@@ -215,3 +210,11 @@ def test_the_day_long_plan_scenario_outlasts_ten_restarts_on_each_profile_it_nam
         assert min(p.duration_s for p in day.phases) > 10 * profile.serving.restart_s, name
         streams = [p.arrival.concurrency for p in day.phases if p.arrival.kind == "closed"]
         assert max(streams) >= day.workers * profile.serving.max_num_seqs > min(streams), name
+
+
+def test_the_off_traffic_scenario_sends_a_fifth_of_its_requests_with_speculation_off() -> None:
+    (off,) = load_scenarios(Path(str(resources.files("bench.policy"))) / "plan_scenarios", ["plan-off-traffic"])
+    weights = {c.tier: c.weight for p in off.phases for c in p.mix}
+    assert off.tiers["no-spec"].speculation is SpeculationMode.OFF
+    assert weights["no-spec"] / sum(weights.values()) == pytest.approx(0.2)
+    assert set(off.profiles or ()) == {"kimi-k3-dspark-tp16", "kimi-k3-dspark-mi355x-tp8"}

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from importlib import resources
+from pathlib import Path
 
 from bench.policy import load
 from bench.policy.controller_lab import lab_fleet
@@ -147,8 +149,8 @@ def test_an_off_request_no_worker_may_serve_is_recorded_as_refused() -> None:
 def test_the_off_traffic_scenario_counts_a_refused_request_as_a_miss() -> None:
     """The 20 %-off scenario (issue 25): with every worker drafting, each ``off`` request is one the gateway
     refuses, and misses its SLA; started without the drafter, the workers serve every one."""
-    (raw,) = load_scenarios(None, ["plan-off-traffic"])
-    bound = raw.on(PROFILE).scaled(0.05)
+    (raw,) = load_scenarios(Path(str(resources.files("bench.policy"))) / "plan_scenarios", ["plan-off-traffic"])
+    bound = raw.on(PROFILE).scaled(0.02)
     sc = load.resolve(bound, {load.mix_key(bound, p): load.capacity_for(bound, p, PROFILE) for p in bound.phases})
     offs = {p.name: p for p in baseline_policies(PROFILE, sc)}
     drafting = run_policy(sc, offs["vllm-table"], profile=PROFILE)
