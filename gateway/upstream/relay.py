@@ -7,7 +7,9 @@ simply the end of the call. Either way the cancellation unwinds through the requ
 which closes the upstream request, so the worker stops generating for nobody. The watcher task starts only
 once the call has run for ``arm_after_s``: most requests to a fast upstream finish sooner, and a timer costs
 far less than a task on the hot path (Starlette's streaming response spends two tasks and a cancel scope on
-every stream to do the same).
+every stream to do the same). Nor does each guard arm a timer of its own: the guards of a loop wait in one
+``_Arming``, whose one timer fires when the oldest is due, so a request that ends within ``arm_after_s`` costs a
+dict entry, not a timer set and cancelled.
 
 ``stream`` passes the worker's events through as they complete (``gateway.upstream.sse.StreamMeter`` reads them on the
 way) and reports how the stream ended; ``read_whole`` reads a whole answer. Neither meters nor releases
@@ -17,6 +19,7 @@ anything: the pipeline meters, and the hold (``gateway.upstream.client.Hold``) r
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Sequence
 from types import TracebackType
 
@@ -47,7 +50,8 @@ class DisconnectGuard:
         self._receive = receive
         self._arm_after_s = arm_after_s
         self._task: asyncio.Task[object] | None = None
-        self._timer: asyncio.TimerHandle | None = None
+        self._arming: _Arming | None = None
+        """Where the guard waits to arm (None once armed)."""
         self._watch: asyncio.Task[None] | None = None
         self.fired = False
         self.answering = False
@@ -55,11 +59,12 @@ class DisconnectGuard:
     def __enter__(self) -> DisconnectGuard:
         if self._receive is not None:
             self._task = asyncio.current_task()
-            self._timer = asyncio.get_running_loop().call_later(self._arm_after_s, self._arm)
+            self._arming = _Arming.of(asyncio.get_running_loop())
+            self._arming.add(self, self._arm_after_s)
         return self
 
     def _arm(self) -> None:
-        self._timer = None
+        self._arming = None
         if self._receive is not None:
             self._watch = asyncio.get_running_loop().create_task(self._watch_receive(self._receive))
 
@@ -73,8 +78,8 @@ class DisconnectGuard:
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> bool:
-        if self._timer is not None:
-            self._timer.cancel()
+        if self._arming is not None:
+            self._arming.discard(self)
         if self._watch is not None:
             self._watch.cancel()
         if self.fired and self._task is not None:
@@ -84,6 +89,59 @@ class DisconnectGuard:
                     return True
                 raise ClientDisconnected("The client closed the connection before the response.") from None
         return False
+
+
+class _Arming:
+    """The guards of one event loop that wait to arm, each due ``arm_after_s`` after it entered, and the one timer
+    that arms them: it is set for the soonest due guard and, when it fires, arms every guard due by then and is set
+    again for the soonest left. A guard that exits first only leaves the dict. Kept on the loop itself
+    (``of``), so it lives and dies with it."""
+
+    __slots__ = ("_due", "_loop", "_timer", "_timer_at")
+
+    _ATTRIBUTE = "_gearshift_disconnect_arming"
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._due: dict[DisconnectGuard, float] = {}
+        """Guard → loop time it is due to arm."""
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = math.inf
+
+    @classmethod
+    def of(cls, loop: asyncio.AbstractEventLoop) -> _Arming:
+        arming: _Arming | None = getattr(loop, cls._ATTRIBUTE, None)
+        if arming is None:
+            arming = cls(loop)
+            setattr(loop, cls._ATTRIBUTE, arming)
+        return arming
+
+    def add(self, guard: DisconnectGuard, delay_s: float) -> None:
+        when = self._due[guard] = self._loop.time() + delay_s
+        if when < self._timer_at:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._set(when)
+
+    def discard(self, guard: DisconnectGuard) -> None:
+        self._due.pop(guard, None)
+
+    def _set(self, when: float) -> None:
+        self._timer_at = when
+        self._timer = self._loop.call_at(when, self._fire)
+
+    def _fire(self) -> None:
+        due_by = max(self._timer_at, self._loop.time())  # the guards the timer was set for are due, as their own
+        self._timer, self._timer_at = None, math.inf  #   timers would have been
+        soonest = math.inf
+        for guard, when in list(self._due.items()):
+            if when <= due_by:
+                del self._due[guard]
+                guard._arm()
+            elif when < soonest:
+                soonest = when
+        if soonest < math.inf:
+            self._set(soonest)
 
 
 async def stream(

@@ -394,3 +394,32 @@ async def test_a_disconnect_raises_before_the_answer_and_ends_the_call_quietly_a
             guard.answering = True
             await wait_forever()
     assert guard.fired
+
+
+async def test_each_guard_of_a_loop_arms_when_due_whoever_entered_or_left_before_it() -> None:
+    """The guards share one timer: set for a guard that left, it moves on to the next; a guard due sooner than
+    the timer sets it sooner."""
+
+    async def disconnected() -> dict[str, Any]:
+        return {"type": "http.disconnect"}
+
+    async def connected() -> dict[str, Any]:
+        await asyncio.Event().wait()
+        raise AssertionError
+
+    async def guarded(receive: Any, arm_after_s: float) -> None:
+        with DisconnectGuard(receive, arm_after_s=arm_after_s):
+            await asyncio.Event().wait()
+
+    async with asyncio.timeout(5):
+        with DisconnectGuard(disconnected, arm_after_s=0.01):  # leaves before it is due
+            pass
+        with pytest.raises(ClientDisconnected):
+            await guarded(disconnected, 0.02)
+        patient = asyncio.create_task(guarded(connected, 60))  # sets the timer for 60 s
+        await asyncio.sleep(0)
+        with pytest.raises(ClientDisconnected):
+            await guarded(disconnected, 0.01)
+        patient.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await patient
