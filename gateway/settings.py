@@ -134,6 +134,11 @@ class GatewaySettings(CommonSettings):
     max_headers: Annotated[int, Field(gt=0)] = 100
     header_timeout_s: Seconds = 5.0
     """A request head must be complete this long after it began (or after the connection opened)."""
+    keep_alive_s: Annotated[int, Field(gt=0)] = 75
+    """An idle client connection is closed this many seconds after its last response: longer than the idle timeouts
+    of the clients and balancers in front (aiohttp 15 s, httpx 5 s, an AWS ALB 60 s), so that they close an idle
+    connection first. One they reuse just as the gateway closes it fails with no response: uvicorn's own default, 5 s,
+    lost requests of clients whose loop lagged a few seconds that way (the soak's transport errors, issue 23)."""
     max_connections: Annotated[int, Field(gt=0)] | None = None
     """Open connections (and tasks) beyond which new requests are answered 503; None for no limit."""
 

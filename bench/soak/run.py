@@ -42,11 +42,13 @@ WORDS = [
 ]
 
 
-CLIENT_KEEPALIVE_S = 2.0
-"""The clients' pool reuses a connection idle at most this long, below the gateway's keep-alive (uvicorn's 5 s): a
-pooled connection reused just as the server closes it fails with no response (HTTP/1.1's keep-alive race, which a
-client must avoid or retry; the soak does not retry its POSTs). aiohttp's default, 15 s, would put every connection
-idle 5-15 s in that race, and a client loop lagging on a loaded machine widens it."""
+CLIENT_KEEPALIVE_S = 15.0
+"""The clients' pool reuses a connection idle at most this long (aiohttp's default, stated): well below the gateway's
+keep-alive (``GatewaySettings.keep_alive_s``, 75 s), so the clients close idle connections before the gateway does. A
+pooled connection reused just as the server closes it fails with no response (HTTP/1.1's keep-alive race; the soak
+does not retry its POSTs), and a client whose loop lags on a loaded machine reuses connections that the server has
+seen idle for seconds longer than the client has: against uvicorn's default keep-alive of 5 s that lost requests
+(issue 23)."""
 
 
 @dataclass(frozen=True, slots=True)

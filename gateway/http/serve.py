@@ -67,6 +67,7 @@ class GatewayServer:
             log_level=settings.log_level.lower(),
             access_log=False,
             timeout_graceful_shutdown=5,
+            timeout_keep_alive=settings.keep_alive_s,
         )
         self._server = _StandaloneServer(config) if handle_signals else _EmbeddedServer(config)
         self._task: asyncio.Task[None] | None = None

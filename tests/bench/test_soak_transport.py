@@ -6,19 +6,19 @@ from __future__ import annotations
 from pathlib import Path
 
 import aiohttp
-import uvicorn
 
 from bench.procs import free_port
 from bench.soak import report as soak_report
 from bench.soak.client import StreamResult, connection_tracing, stream_chat
 from bench.soak.run import CLIENT_KEEPALIVE_S, Finished, SoakConfig, SoakResult
+from gateway.settings import GatewaySettings
 from tests.gateway.harness import MODEL, FakeUpstream
 
 BODY = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
 
 
 def test_the_clients_never_reuse_a_connection_past_half_the_gateways_keep_alive() -> None:
-    gateway_keep_alive_s = uvicorn.Config("gateway").timeout_keep_alive
+    gateway_keep_alive_s = GatewaySettings.model_fields["keep_alive_s"].default
     assert gateway_keep_alive_s >= CLIENT_KEEPALIVE_S * 2
 
 
