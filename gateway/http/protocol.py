@@ -8,10 +8,11 @@ after the connection opened). The timer is armed only for a head that one read l
 connection, at its start): a keep-alive request whose head arrives whole, nearly all of them, arms none. The rest
 of the request is uvicorn's.
 
-It also keeps an idle keep-alive connection on which a request is already waiting. uvicorn closes an idle connection
-``timeout_keep_alive`` after its last response; uvloop runs due timers before it reads the sockets, so a loop that
-ran late (a loaded machine) closed, unread, a request that had arrived in time, and its client got no response at
-all. The check costs one ``ioctl`` per keep-alive expiry, nothing per request.
+Neither timer closes a connection on which the client's bytes already wait unread: uvloop runs due timers before it
+reads the sockets, so a loop that ran late (a loaded machine) closed, unread, a request that had arrived in time (a
+head within ``header_timeout_s`` of the connection's opening, a request within the keep-alive of the last response),
+and its client got no response at all (the soak's transport errors, issue 23). The check costs one ``ioctl`` when a
+timer fires, nothing per request.
 """
 
 from __future__ import annotations
@@ -118,8 +119,12 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def _head_timeout(self) -> None:
         self._head_timer = None
-        if self._in_head and not self.transport.is_closing():
-            self.transport.close()
+        if not self._in_head or self.transport.is_closing():
+            return
+        if _unread_bytes(self.transport):  # the client was in time, this loop was late: read what it sent first
+            self._head_timer = self.loop.call_later(self.header_timeout_s, self._head_timeout)
+            return
+        self.transport.close()
 
     def _cancel_head_timer(self) -> None:
         if self._head_timer is not None:

@@ -4,8 +4,7 @@
 - **A late loop.** uvloop (the gateway process's loop) runs due timers before it reads the sockets, so a gateway
   that ran late (a loaded machine deschedules it) closed, unread, a request that had arrived within the keep-alive
   of the last response, or a head sent at once on a new connection, when the keep-alive or the head timeout fell due
-  meanwhile. Here the gateway is SIGSTOPped to run late on purpose. The keep-alive is fixed; the head timeout is not
-  yet (``xfail``).
+  meanwhile. Here the gateway is SIGSTOPped to run late on purpose, or the timers are fired before the loop runs.
 - **A lagging client.** A client reuses a pooled connection on its own clock; one whose loop lags sees it idle for
   less than the gateway has. With uvicorn's 5 s keep-alive such reuses raced the gateway's close; the gateway now
   keeps an idle connection for ``keep_alive_s`` (75 s), longer than the clients' and balancers' own idle timeouts.
@@ -132,13 +131,6 @@ async def test_the_keep_alive_spares_a_connection_whose_request_waits_unread() -
     await _fire_with_and_without_unread_bytes(GuardedHttpToolsProtocol.timeout_keep_alive_handler)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="the head timeout closes a new connection whose head waits unread (a late loop): the same unread-bytes "
-    "check is needed in GuardedHttpToolsProtocol._head_timeout (gateway/http/protocol.py, another helper's file "
-    "today); seen as the last transport errors of a starved soak, all on new connections, each after >= 5 s",
-)
 async def test_the_head_timeout_spares_a_connection_whose_head_waits_unread() -> None:
     await _fire_with_and_without_unread_bytes(GuardedHttpToolsProtocol._head_timeout)
 
