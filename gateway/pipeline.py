@@ -121,6 +121,8 @@ class Call:
         self.route_ctx: RouteContext | None = None
         self.span: Span = trace.INVALID_SPAN
         self.ctx: Context | None = None
+        self.traced = gw.tracer is not None
+        """Spans are recorded: without a tracer every span is the no-op one, so its attributes are not computed."""
         if gw.tracer is not None:
             self.span = gw.tracer.start_span(
                 f"{endpoint.operation} {req.model}",
@@ -144,12 +146,14 @@ class Call:
     async def admit(self) -> Ticket:
         gw, tenant, tokens = self.gw, self.principal.tenant, self.req.reserved_tokens
         with self._child_span("gearshift.admission") as span:
-            span.set_attribute("gearshift.reserved_tokens", tokens)
+            if self.traced:
+                span.set_attribute("gearshift.reserved_tokens", tokens)
             try:
                 return await gw.admitter.admit(tenant, request_id=self.request_id, tokens=tokens)
             except errors.RateLimited as exc:
                 gw.metrics.rejected(tenant.id, exc.limit)
-                span.set_attribute("gearshift.limit", exc.limit)
+                if self.traced:
+                    span.set_attribute("gearshift.limit", exc.limit)
                 raise
 
     async def route(self) -> list[WorkerView]:
@@ -178,8 +182,9 @@ class Call:
                     detail=f"excluded: {decision.filtered_out}",
                     headers={"retry-after": str(max(1, math.ceil(gw.settings.no_worker_retry_after_s)))},
                 )
-            span.set_attribute("gearshift.route.ranked", [w.id for w in decision.ranked])
-            span.set_attribute("gearshift.route.scores", [round(decision.scores[w.id], 4) for w in decision.ranked])
+            if self.traced:
+                span.set_attribute("gearshift.route.ranked", [w.id for w in decision.ranked])
+                span.set_attribute("gearshift.route.scores", [round(decision.scores[w.id], 4) for w in decision.ranked])
             return decision.ranked
 
     async def requeued(self, waited_s: float) -> list[WorkerView]:
@@ -196,11 +201,12 @@ class Call:
                 ranked, self.endpoint.path, body, stream=req.stream, request_id=self.request_id,
                 prompt_tokens=req.prompt_tokens,
             )  # fmt: skip
-            span.set_attribute(attr.WORKER, hold.worker.id)
-            span.set_attribute(attr.SERVER_ADDRESS, hold.worker.config.url)
-            span.set_attribute("gearshift.attempts", hold.attempts)
-            span.set_attribute("http.response.status_code", hold.response.status)
-        self.span.set_attribute(attr.WORKER, hold.worker.id)
+            if self.traced:
+                span.set_attribute(attr.WORKER, hold.worker.id)
+                span.set_attribute(attr.SERVER_ADDRESS, hold.worker.config.url)
+                span.set_attribute("gearshift.attempts", hold.attempts)
+                span.set_attribute("http.response.status_code", hold.response.status)
+                self.span.set_attribute(attr.WORKER, hold.worker.id)
         assert self.route_ctx is not None
         gw.router.picked(self.route_ctx, hold.worker)  # post-pick hooks: the prefix index records
         return hold
@@ -281,11 +287,12 @@ class Call:
         )
         self.metered = True
         gw.metrics.finished(record, tier=self.principal.tier_name, duration_s=now - self.started)
-        self._end_span(error)
-        self.span.set_attribute(attr.USAGE_INPUT, record.prompt_tokens)
-        self.span.set_attribute(attr.USAGE_OUTPUT, record.completion_tokens)
-        self.span.set_attribute("gearshift.cost_usd", record.cost_usd)
-        self.span.end()
+        if self.traced:
+            self._end_span(error)
+            self.span.set_attribute(attr.USAGE_INPUT, record.prompt_tokens)
+            self.span.set_attribute(attr.USAGE_OUTPUT, record.completion_tokens)
+            self.span.set_attribute("gearshift.cost_usd", record.cost_usd)
+            self.span.end()
         used, cost = record.prompt_tokens + record.completion_tokens, record.cost_usd
         gw.ledger.write(record, await gw.admitter.finish(ticket, used_tokens=used, cost_usd=cost))
 

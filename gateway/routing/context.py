@@ -34,7 +34,9 @@ class RouteContext:
 class Filter(Protocol):
     name: str
 
-    async def __call__(self, ctx: RouteContext, workers: Sequence[WorkerView]) -> list[WorkerView]: ...
+    async def __call__(self, ctx: RouteContext, workers: Sequence[WorkerView]) -> list[WorkerView]:
+        """The workers that pass: a subset of ``workers``, in their order."""
+        ...
 
 
 class Scorer(Protocol):

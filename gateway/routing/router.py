@@ -63,8 +63,9 @@ class Router:
         removed: dict[str, str] = {}
         for f in self._filters:
             kept = await f(ctx, candidates)
-            kept_ids = {id(w) for w in kept}  # identity: comparing views field by field is slow
-            removed.update({w.id: f.name for w in candidates if id(w) not in kept_ids})
+            if len(kept) < len(candidates):  # a filter keeps a subset: as many is all of them
+                kept_ids = {id(w) for w in kept}  # identity: comparing views field by field is slow
+                removed.update({w.id: f.name for w in candidates if id(w) not in kept_ids})
             candidates = kept
         totals = [0.0] * len(candidates)
         for scorer, weight in self._scorers:
