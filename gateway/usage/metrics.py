@@ -189,6 +189,8 @@ class GatewayMetrics:
             WORKER_POOL, "1 for the pool a worker is in under the fresh fleet plan", ["worker", "pool"], registry=r
         )
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+        self._finished: dict[tuple[str, ...], _FinishedSeries] = {}
+        """``finished``'s labels → the series it counts them in."""
 
     def child(self, metric: Any, *values: str) -> Any:
         """``metric.labels(*values)``, cached: ``labels`` validates and locks on every call, and the hot path
@@ -206,16 +208,57 @@ class GatewayMetrics:
     def finished(self, record: UsageRecord, *, tier: str, duration_s: float) -> None:
         """Record one finished request: its usage record (tokens, USD, TTFT/TPOT seconds) and its duration at
         the gateway (seconds)."""
-        tenant, model = self.tenant_label(record.tenant), record.model
-        self.child(self.requests, tenant, model, record.worker_id or "", record.status).inc()
-        self.child(self.tokens, tenant, model, "prompt").inc(record.prompt_tokens)
-        self.child(self.tokens, tenant, model, "completion").inc(record.completion_tokens)
+        key = (record.tenant, record.model, record.worker_id or "", record.status, record.speculation or "auto", tier)
+        series = self._finished.get(key)
+        if series is None:  # one lookup per request for its series (bounded: every label set is)
+            series = self._finished[key] = _FinishedSeries(self, *key)
+        series.requests.inc()
+        series.prompt.inc(record.prompt_tokens)
+        series.completion.inc(record.completion_tokens)
         if record.cached_tokens:  # the part of the prompt served from the worker's prefix cache
-            self.child(self.tokens, tenant, model, "cached_prompt").inc(record.cached_tokens)
-        self.child(self.cost, tenant, model).inc(record.cost_usd)
-        self.child(self.speculation_requests, model, record.speculation or "auto").inc()
-        self.child(self.e2e, tier).observe(duration_s)
+            series.cached(self).inc(record.cached_tokens)
+        series.cost.inc(record.cost_usd)
+        series.speculation.inc()
+        series.e2e.observe(duration_s)
         if record.ttft_s is not None:
-            self.child(self.ttft, tier).observe(record.ttft_s)
+            series.ttft(self).observe(record.ttft_s)
         if record.tpot_s is not None:
-            self.child(self.tpot, tier).observe(record.tpot_s)
+            series.tpot(self).observe(record.tpot_s)
+
+
+class _FinishedSeries:
+    """The series ``GatewayMetrics.finished`` counts one label set's requests in. Those it may never touch (cached
+    tokens, TTFT, TPOT) are made at their first use, as ``labels`` would: a series that exists is exported."""
+
+    __slots__ = ("_cached", "_model", "_tenant", "_tier", "_tpot", "_ttft", "completion", "cost", "e2e", "prompt",
+                 "requests", "speculation")  # fmt: skip
+
+    def __init__(
+        self, m: GatewayMetrics, tenant_id: str, model: str, worker: str, status: str, speculation: str, tier: str
+    ) -> None:
+        tenant = self._tenant = m.tenant_label(tenant_id)
+        self._model, self._tier = model, tier
+        self.requests = m.child(m.requests, tenant, model, worker, status)
+        self.prompt = m.child(m.tokens, tenant, model, "prompt")
+        self.completion = m.child(m.tokens, tenant, model, "completion")
+        self.cost = m.child(m.cost, tenant, model)
+        self.speculation = m.child(m.speculation_requests, model, speculation)
+        self.e2e = m.child(m.e2e, tier)
+        self._cached: Any = None
+        self._ttft: Any = None
+        self._tpot: Any = None
+
+    def cached(self, m: GatewayMetrics) -> Any:
+        if self._cached is None:
+            self._cached = m.child(m.tokens, self._tenant, self._model, "cached_prompt")
+        return self._cached
+
+    def ttft(self, m: GatewayMetrics) -> Any:
+        if self._ttft is None:
+            self._ttft = m.child(m.ttft, self._tier)
+        return self._ttft
+
+    def tpot(self, m: GatewayMetrics) -> Any:
+        if self._tpot is None:
+            self._tpot = m.child(m.tpot, self._tier)
+        return self._tpot

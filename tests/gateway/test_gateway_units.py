@@ -32,7 +32,7 @@ from gateway.upstream.client import Hold
 from gateway.upstream.relay import DisconnectGuard
 from gateway.upstream.sse import StreamMeter
 from gateway.usage.metering import LedgerWriter, request_cost
-from gateway.usage.metrics import GatewayMetrics
+from gateway.usage.metrics import E2E, REQUESTS, TOKENS, TPOT, TTFT, GatewayMetrics
 
 from .harness import KEYS, MODEL, PEPPER, body_rules, make_fleet, make_settings, make_tenants
 
@@ -423,3 +423,32 @@ async def test_each_guard_of_a_loop_arms_when_due_whoever_entered_or_left_before
         patient.cancel()
         with pytest.raises(asyncio.CancelledError):
             await patient
+
+
+def test_finished_counts_each_label_set_in_its_own_series_and_makes_no_series_it_never_touched() -> None:
+    metrics = GatewayMetrics()
+
+    def record(worker: str, status: str, **extra: Any) -> UsageRecord:
+        return UsageRecord(request_id="r", tenant="alpha", model="m", worker_id=worker, prompt_tokens=10,
+                           completion_tokens=5, cost_usd=0.5, status=status, at=0.0, **extra)  # fmt: skip
+
+    def samples() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        return {
+            (s.name, tuple(sorted(s.labels.items()))): s.value for m in metrics.registry.collect() for s in m.samples
+        }
+
+    metrics.finished(record("w0", "ok"), tier="interactive", duration_s=0.1)
+    assert not [key for key in samples() if "cached_prompt" in str(key) or key[0].startswith((TTFT, TPOT))]
+    metrics.finished(record("w0", "ok", cached_tokens=4, ttft_s=0.2, tpot_s=0.01), tier="interactive", duration_s=1)
+    metrics.finished(record("w1", "error"), tier="batch", duration_s=0.3)
+    sample = samples()
+    requests = REQUESTS + "_total"
+    assert sample[(requests, (("model", "m"), ("status", "ok"), ("tenant", "alpha"), ("worker", "w0")))] == 2
+    assert sample[(requests, (("model", "m"), ("status", "error"), ("tenant", "alpha"), ("worker", "w1")))] == 1
+    tokens = TOKENS + "_total"
+    assert sample[(tokens, (("kind", "prompt"), ("model", "m"), ("tenant", "alpha")))] == 30
+    assert sample[(tokens, (("kind", "cached_prompt"), ("model", "m"), ("tenant", "alpha")))] == 4
+    assert sample[(E2E + "_count", (("tier", "interactive"),))] == 2
+    assert sample[(E2E + "_count", (("tier", "batch"),))] == 1
+    assert sample[(TTFT + "_count", (("tier", "interactive"),))] == 1
+    assert (TTFT + "_count", (("tier", "batch"),)) not in sample
