@@ -34,10 +34,10 @@ async def serving(settings: ControllerSettings) -> AsyncIterator[httpx.AsyncClie
         await component.stop()
 
 
-def settings_for(tmp_path: Path, sim: SimServer, **extra: object) -> ControllerSettings:
+def settings_for(tmp_path: Path, sim: SimServer, *, metrics_token: str | None = None) -> ControllerSettings:
     return ControllerSettings(
         fleet_file=fleet_file(tmp_path, sim.url), tick_s=0.2, dry_run=True, control_token=CONTROL_TOKEN,
-        metrics_host="127.0.0.1", metrics_port=free_port(), **extra,
+        metrics_host="127.0.0.1", metrics_port=free_port(), metrics_token=metrics_token,
     )  # fmt: skip
 
 
