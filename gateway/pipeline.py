@@ -31,6 +31,7 @@ from gateway.routing.prefix import request_blocks
 from gateway.upstream import relay
 from gateway.upstream.body import CompletionRequest
 from gateway.upstream.client import Hold
+from gateway.upstream.deadline import Deadline
 from gateway.upstream.endpoints import Endpoint
 from gateway.upstream.sse import StreamMeter, Usage
 from gateway.usage import tracing as attr
@@ -119,6 +120,8 @@ class Call:
         self.request_id, self.started = request_id, started
         self.forwarded_at = started
         self.route_ctx: RouteContext | None = None
+        self.deadline = Deadline()
+        """The call's waits on the store and its worker: one timer (``gateway.upstream.deadline``)."""
         self.span: Span = trace.INVALID_SPAN
         self.ctx: Context | None = None
         self.traced = gw.tracer is not None
@@ -149,7 +152,9 @@ class Call:
             if self.traced:
                 span.set_attribute("gearshift.reserved_tokens", tokens)
             try:
-                return await gw.admitter.admit(tenant, request_id=self.request_id, tokens=tokens)
+                return await gw.admitter.admit(
+                    tenant, request_id=self.request_id, tokens=tokens, deadline=self.deadline
+                )
             except errors.RateLimited as exc:
                 gw.metrics.rejected(tenant.id, exc.limit)
                 if self.traced:
@@ -199,7 +204,7 @@ class Call:
             self.forwarded_at = gw.clock.monotonic()
             hold = await gw.upstream.open(
                 ranked, self.endpoint.path, body, stream=req.stream, request_id=self.request_id,
-                prompt_tokens=req.prompt_tokens,
+                prompt_tokens=req.prompt_tokens, deadline=self.deadline,
             )  # fmt: skip
             if self.traced:
                 span.set_attribute(attr.WORKER, hold.worker.id)
@@ -303,6 +308,7 @@ class Call:
 
     async def abandon(self, exc: BaseException) -> None:
         """The request failed before a worker answered: release what admission reserved, end the span."""
+        self.deadline.close()
         self._end_span(exc)
         self.span.end()
         if self.ticket is not None:  # never suspends, so it completes even while the call is being cancelled

@@ -20,7 +20,7 @@ refused with 503 (docs/operations/outages.md states the bound per limit).
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
@@ -36,7 +36,10 @@ from gateway.intake.admit_batch import AdmitBatcher
 from gateway.intake.leases import LeaseBook, LeasePolicy
 from gateway.intake.replicas import ReplicaRegistry
 from gateway.settings import GatewaySettings
+from gateway.upstream.deadline import Deadline
 from gateway.usage.metrics import GatewayMetrics
+
+_NO_DEADLINE = contextlib.nullcontext()
 
 
 @dataclass(slots=True)
@@ -199,8 +202,11 @@ class Admitter:
                    slot_ttl_s=settings.slot_ttl_s(),
                    leases=leases, batch=not local, store_timeout_s=settings.store_timeout_s)  # fmt: skip
 
-    async def admit(self, tenant: TenantConfig, *, request_id: str, tokens: int) -> Ticket:
-        """Reserve every limit of ``tenant`` or raise ``RateLimited`` / ``BudgetExceeded`` naming the limit."""
+    async def admit(
+        self, tenant: TenantConfig, *, request_id: str, tokens: int, deadline: Deadline | None = None
+    ) -> Ticket:
+        """Reserve every limit of ``tenant`` or raise ``RateLimited`` / ``BudgetExceeded`` naming the limit.
+        ``deadline``: the call's (``gateway.upstream.deadline``), whose one timer then also bounds its store calls."""
         now = self._clock.wall()
         limits, ticket = tenant_limits(
             tenant, request_id=request_id, tokens=tokens, slot_ttl_s=self._slot_ttl_s, now=now
@@ -212,14 +218,14 @@ class Admitter:
         if not limits:  # every limit passed here, under a lease
             ticket.granted_at = ticket.admitted_at
             return ticket
-        result = await self._admit(limits, ticket, release=False)
+        result = await self._admit(limits, ticket, release=False, deadline=deadline)
         slot_key = ticket.slot.key if ticket.slot is not None else None
         if not result.allowed and result.tripped == slot_key and slot_key in self._releasing:
-            result = await self._admit(limits, ticket, release=True)  # free this replica's finished requests' slots
+            result = await self._admit(limits, ticket, release=True, deadline=deadline)  # free this replica's slots
         if not result.allowed and result.tripped == slot_key and self._grace_s > 0:
             await self._clock.sleep(self._grace_s)  # another replica's settlement of a finished request may land
             ticket.admitted_at = self._clock.wall()
-            result = await self._admit(limits, ticket, release=True)
+            result = await self._admit(limits, ticket, release=True, deadline=deadline)
         if result.allowed:
             ticket.granted_at = self._clock.wall()
             return ticket
@@ -239,12 +245,15 @@ class Admitter:
             retry_after_s=result.retry_after_s,
         )
 
-    async def _admit(self, limits: list[Limit], ticket: Ticket, *, release: bool) -> Admission:
+    async def _admit(
+        self, limits: list[Limit], ticket: Ticket, *, release: bool, deadline: Deadline | None = None
+    ) -> Admission:
         """One admit call. It carries the finished slots no admit has carried yet; with ``release`` (after a
         concurrency refusal), every slot of this replica's finished requests whose release has not landed."""
         limits = [self._with_local_accounting(limit, release=release) for limit in limits]
-        try:
-            async with asyncio.timeout(self._store_timeout_s):  # a hung store fails like a refusing one
+        waits = Deadline() if deadline is None else deadline
+        try:  # a hung store fails like a refusing one (the in-process store's admit is a call: no deadline)
+            with _NO_DEADLINE if self._store_timeout_s is None else waits.after(self._store_timeout_s):
                 result = await self._ask_store(limits, now=ticket.admitted_at)
         except Exception as exc:  # the shared store is away: apply the configured failure mode
             self._metrics.child(self._metrics.store_failures, "admit").inc()
@@ -257,6 +266,9 @@ class Admitter:
             if result.spent_usd is not None and ticket.budget_key is not None:
                 self._remember_spend(ticket.budget_key, result.spent_usd)
             return result
+        finally:
+            if deadline is None:
+                waits.close()
         ticket.local = True
         share = self._local_share()
         local = [self._local_budget(limit, share) if isinstance(limit, BudgetLimit) else _scaled(limit, share)

@@ -50,6 +50,7 @@ class Hold:
         pool: WorkerPool,
         gauge: Gauge,
         request_id: str = "",
+        deadline: Deadline | None = None,
     ) -> None:
         self.worker = worker
         self.request_id = request_id
@@ -63,8 +64,9 @@ class Hold:
         """What the worker is charged with when the hold ends."""
         self.refused = False
         """The worker refused the connection (it is marked down at once)."""
-        self.deadline = Deadline()
-        """The call's waits on this worker (first byte, the answer, each chunk): one timer for them all."""
+        self.deadline = Deadline() if deadline is None else deadline
+        """The call's waits on this worker (first byte, the answer, each chunk): one timer for them all, and for
+        the call's admission when it is the call's (``gateway.pipeline``)."""
         self._pool = pool
         self._gauge = gauge
         self._prefill = max(0, prompt_tokens)
@@ -147,6 +149,7 @@ class Upstream:
         stream: bool,
         request_id: str,
         prompt_tokens: int = 0,
+        deadline: Deadline | None = None,
     ) -> Hold:
         """A hold on the first of the ``1 + max_retries`` best workers that answers, or the last failure.
 
@@ -159,7 +162,7 @@ class Upstream:
                 self._metrics.upstream_retries.labels(worker=view.id, cause=last.cause).inc()
             hold = Hold(
                 view, prompt_tokens=prompt_tokens, attempts=attempt, pool=self._pool, gauge=self._gauges[view.id],
-                request_id=request_id,
+                request_id=request_id, deadline=deadline,
             )  # fmt: skip
             try:
                 await self._attempt(hold, path, body, stream=stream)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from typing import Any
+from typing import Any, cast
 
 import orjson
 import pytest
@@ -29,6 +29,7 @@ from gateway.intake.auth import KeyRing
 from gateway.routing.pool import WorkerPool, WorkerView
 from gateway.upstream.body import parse_completion
 from gateway.upstream.client import Hold
+from gateway.upstream.deadline import Deadline
 from gateway.upstream.relay import DisconnectGuard
 from gateway.upstream.sse import StreamMeter
 from gateway.usage.metering import LedgerWriter, request_cost
@@ -266,6 +267,36 @@ async def test_store_outage_fails_open_on_local_limits_or_closed() -> None:
     with pytest.raises(StoreUnavailable):
         await fail_closed.admit(tenant, request_id="r4", tokens=1)
     assert metrics.store_failures.labels(op="admit")._value.get() == 4
+
+
+class HungStore:
+    """A shared store (not in this process) whose admit never answers."""
+
+    def __init__(self, clock: ManualClock) -> None:
+        self._inner = MemoryStore(clock=clock)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def admit(self, *args: Any, **kwargs: Any) -> Any:
+        await asyncio.Event().wait()
+
+
+async def test_a_hung_store_fails_the_admit_at_the_store_timeout_on_the_calls_deadline_or_its_own() -> None:
+    clock = ManualClock()
+    tenant = make_tenants(alpha={"max_concurrency": 10}).tenants[0]
+    admitter = Admitter(
+        cast(Any, HungStore(clock)), clock=clock, metrics=GatewayMetrics(), failure_mode="closed", store_timeout_s=0.05
+    )
+    deadline = Deadline()
+    async with asyncio.timeout(5):
+        with pytest.raises(StoreUnavailable):
+            await admitter.admit(tenant, request_id="r1", tokens=1, deadline=deadline)
+        with pytest.raises(StoreUnavailable):  # no deadline of the call's: one of its own
+            await admitter.admit(tenant, request_id="r2", tokens=1)
+        with pytest.raises(TimeoutError), deadline.after(0.01):  # the call's deadline serves its later waits
+            await asyncio.Event().wait()
+    deadline.close()
 
 
 # ------------------------------------------------------------------------------------------------ keys
