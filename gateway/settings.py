@@ -41,6 +41,10 @@ class GatewaySettings(CommonSettings):
     max_retries: Annotated[int, Field(ge=0, le=8)] = 2
     """Further workers tried when one fails before its first byte (connect error, 5xx, timeout)."""
     upstream_pool_size: Annotated[int, Field(gt=0)] = 1024
+    upstream_keep_alive_s: Annotated[float, Field(gt=0)] = 4.0
+    """A pooled upstream connection idle this long is closed: shorter than a vLLM worker's own idle timeout
+    (``VLLM_HTTP_TIMEOUT_KEEP_ALIVE``, 5 s by default), so the gateway never writes a request on a connection the
+    worker is closing in that moment (no response: a retry elsewhere, and a failure counted against the worker)."""
     upstream_api_key: SecretStr | None = None
     """Bearer key the gateway sends every worker: vLLM's API key (``VLLM_API_KEY`` or ``--api-key`` on the worker), so
     that nothing but the gateways can call a worker's ``/v1`` API (deploy/kubernetes/kimi-k3). None sends no key."""

@@ -120,7 +120,10 @@ class _Attempt(Exception):
 
 def new_session(settings: GatewaySettings) -> aiohttp.ClientSession:
     """The pooled upstream session (built in the app's lifespan)."""
-    connector = aiohttp.TCPConnector(limit=settings.upstream_pool_size, limit_per_host=0, ttl_dns_cache=300)
+    connector = aiohttp.TCPConnector(
+        limit=settings.upstream_pool_size, limit_per_host=0, ttl_dns_cache=300,
+        keepalive_timeout=settings.upstream_keep_alive_s,
+    )  # fmt: skip
     return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None), auto_decompress=False)
 
 
