@@ -32,7 +32,8 @@ def vllm_keep_alive_default_s() -> float:
                     default = next(
                         c.args[1] for c in ast.walk(value) if isinstance(c, ast.Call) and len(c.args) == 2
                     )  # os.environ.get("VLLM_HTTP_TIMEOUT_KEEP_ALIVE", "5")
-                    assert isinstance(default, ast.Constant) and isinstance(default.value, str)
+                    assert isinstance(default, ast.Constant)
+                    assert isinstance(default.value, str)
                     return float(default.value)
     raise AssertionError("VLLM_HTTP_TIMEOUT_KEEP_ALIVE not found in vllm/envs.py")
 
