@@ -11,7 +11,7 @@ from controller.cost import worker_cost
 from controller.metrics import ControllerMetrics
 from controller.policy import Decision
 from controller.runtime import WorkerRuntime
-from controller.stabiliser import Action
+from controller.stabiliser import Action, ActionKind
 from fleet.store.protocol import WorkerState
 
 log = logging.getLogger("gearshift.controller")
@@ -22,6 +22,9 @@ def record_action(worker_id: str, action: Action, decision: Decision, metrics: C
     if action.changed:
         log.info("worker %s: %s → k=%d: %s", worker_id, action.kind, action.k, action.reason)
     metrics.decisions.labels(worker_id, action.kind.value, decision.risk.value).inc()
+    # A worker's probe count reads 0 before its first probe (the dashboards' probes panel), not "no data": the table
+    # start probes only on evidence, so a short run may have none.
+    metrics.decisions.labels(worker_id, ActionKind.PROBE.value, decision.risk.value)
 
 
 def account(rt: WorkerRuntime, m: ControllerMetrics) -> None:
