@@ -18,6 +18,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
+from bench.gateway.commands import redis_commands
 from bench.procs import start_redis
 from fleet.store.protocol import Admission, Settlement, SlotLimit, UsageRecord, WindowLimit
 from fleet.store.redis import RedisStore
@@ -25,16 +26,10 @@ from tests.fleet.store_harness import T0
 
 pytestmark = pytest.mark.redis
 
-ROUND_TRIPS = ("cmdstat_evalsha", "cmdstat_eval", "cmdstat_exec")
-
 
 async def round_trips(url: str) -> int:
-    client = aioredis.Redis.from_url(url)
-    try:
-        stats: dict[str, Any] = await client.info("commandstats")
-    finally:
-        await client.aclose()
-    return sum(int(stats[k]["calls"]) for k in ROUND_TRIPS if k in stats)
+    """The gateway's calls to the Redis at ``url`` so far (``bench.gateway.commands.redis_commands``)."""
+    return await asyncio.to_thread(redis_commands, url)
 
 
 def slot(i: int, tenant: str = "acme") -> SlotLimit:

@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
-import redis.asyncio as aioredis
 
+from bench.gateway.commands import redis_commands
 from fleet.clock import ManualClock
 from fleet.config import TenantConfig
 from fleet.store.memory import MemoryStore
@@ -137,18 +137,9 @@ async def test_a_tenant_under_leases_alone_costs_no_store_call_per_request() -> 
     assert store.calls["append_usage_many"] == 1
 
 
-ROUND_TRIPS = ("cmdstat_evalsha", "cmdstat_eval", "cmdstat_exec")
-"""What the gateway sends Redis (scripts and transactions); the commands a script runs inside Redis are counted
-apart by ``INFO commandstats`` and left out."""
-
-
 async def redis_round_trips(url: str) -> int:
-    client = aioredis.Redis.from_url(url)
-    try:
-        stats: dict[str, Any] = await client.info("commandstats")
-    finally:
-        await client.aclose()
-    return sum(int(stats[k]["calls"]) for k in ROUND_TRIPS if k in stats)
+    """The gateway's calls to the Redis at ``url`` so far (``bench.gateway.commands.redis_commands``)."""
+    return await asyncio.to_thread(redis_commands, url)
 
 
 @pytest.mark.redis

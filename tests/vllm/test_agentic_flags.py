@@ -6,18 +6,15 @@ reads the launcher's command line and vLLM's parser registries load the named pa
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from fleet.config import WorkerConfig, load_fleet
-from workers.vllm.cpu_server import REPO_ROOT, VLLM_PYTHON
 from workers.vllm.launcher import API_SERVER_MODULE, Entrypoint, build_launch
 
+from .probes import run_probe
 from .test_gears import KIMI_FLEET
 
 PROBE = Path(__file__).with_name("parser_probe.py")
@@ -62,20 +59,7 @@ def test_a_worker_without_parsers_gets_no_agentic_flags() -> None:
 def probe(argv: tuple[str, ...]) -> dict[str, Any]:
     """What vLLM makes of ``argv`` (a ``python -m`` launch line) with its own parser and registries."""
     module_at = argv.index(API_SERVER_MODULE)
-    result = subprocess.run(
-        [str(VLLM_PYTHON), str(PROBE)],
-        input=json.dumps({"argv": list(argv[module_at + 1 :])}),
-        capture_output=True,
-        text=True,
-        cwd=REPO_ROOT,
-        env={**os.environ, "VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1"},
-        timeout=PROBE_TIMEOUT_S,
-        check=False,
-    )
-    if result.returncode != 0:
-        pytest.fail(f"parser_probe.py failed ({result.returncode}):\n{result.stderr[-4000:]}", pytrace=False)
-    answer: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
-    return answer
+    return run_probe(PROBE, request={"argv": list(argv[module_at + 1 :])}, timeout_s=PROBE_TIMEOUT_S)
 
 
 @pytest.mark.vllm

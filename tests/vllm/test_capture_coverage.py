@@ -9,8 +9,6 @@ here; the launcher's own prediction (``GearPlan.expected_full_speed``) must matc
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +16,9 @@ import pytest
 
 from fleet.config import WorkerConfig, load_fleet
 from fleet.perf import load_profile
-from workers.vllm.cpu_server import REPO_ROOT, VLLM_PYTHON
 from workers.vllm.launcher import MODEL_RUNNER_V2_ENV, build_launch, worker_gear_plan
 
+from .probes import run_probe
 from .test_gears import KIMI_FLEET, hopper_worker
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(300)]
@@ -39,20 +37,7 @@ def probe(argv: list[str], env: dict[str, str], model_dir: Path) -> dict[str, An
     sets the mode MRv2 keeps (FULL_AND_PIECEWISE).
     """
     assert env.pop(MODEL_RUNNER_V2_ENV) == "1"
-    result = subprocess.run(
-        [str(VLLM_PYTHON), str(PROBE)],
-        input=json.dumps({"argv": argv, "model": str(model_dir)}),
-        capture_output=True,
-        text=True,
-        cwd=REPO_ROOT,
-        env={**os.environ, **env, "VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1"},
-        timeout=PROBE_TIMEOUT_S,
-        check=False,
-    )
-    if result.returncode != 0:
-        pytest.fail(f"capture_probe.py failed ({result.returncode}):\n{result.stderr[-4000:]}", pytrace=False)
-    answer: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
-    return answer
+    return run_probe(PROBE, request={"argv": argv, "model": str(model_dir)}, env=env, timeout_s=PROBE_TIMEOUT_S)
 
 
 def covered(rows: list[list[int]]) -> set[tuple[int, int]]:

@@ -14,16 +14,12 @@ sampler on zero drafts and ``prepare_next_token_ids_padded``, neither of which a
 from __future__ import annotations
 
 import ast
-import json
-import os
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from workers.vllm.cpu_server import REPO_ROOT, VLLM_PYTHON
-
+from .probes import run_probe
 from .test_dspark_masking import function, vllm_source
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(300)]
@@ -33,19 +29,7 @@ PROBE = Path(__file__).with_name("idle_v1_probe.py")
 
 @pytest.fixture(scope="module")
 def probe(vllm_env: None) -> dict[str, Any]:
-    result = subprocess.run(
-        [str(VLLM_PYTHON), str(PROBE)],
-        capture_output=True,
-        text=True,
-        cwd=REPO_ROOT,
-        env={**os.environ, "VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1"},
-        timeout=180,
-        check=False,
-    )
-    if result.returncode != 0:
-        pytest.fail(f"idle_v1_probe.py failed ({result.returncode}):\n{result.stderr[-4000:]}", pytrace=False)
-    answer: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
-    return answer
+    return run_probe(PROBE)
 
 
 def if_body(tree: ast.AST, test: str) -> list[list[str]]:

@@ -9,18 +9,16 @@ skip, the context store on real weights) is not checked here.
 from __future__ import annotations
 
 import ast
-import json
-import os
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from fleet.config import WorkerConfig, load_fleet
-from workers.vllm.cpu_server import REPO_ROOT, VLLM_PYTHON
+from workers.vllm.cpu_server import REPO_ROOT
 from workers.vllm.launcher import build_launch
 
+from .probes import run_probe
 from .test_capture_coverage import covered, probe
 from .test_dspark_masking import function, vllm_source
 from .test_gears import KIMI_FLEET
@@ -32,19 +30,7 @@ IDLE_PROBE = Path(__file__).with_name("idle_probe.py")
 
 @pytest.fixture(scope="module")
 def idle(vllm_env: None) -> dict[str, Any]:
-    result = subprocess.run(
-        [str(VLLM_PYTHON), str(IDLE_PROBE)],
-        capture_output=True,
-        text=True,
-        cwd=REPO_ROOT,
-        env={**os.environ, "VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1"},
-        timeout=180,
-        check=False,
-    )
-    if result.returncode != 0:
-        pytest.fail(f"idle_probe.py failed ({result.returncode}):\n{result.stderr[-4000:]}", pytrace=False)
-    answer: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
-    return answer
+    return run_probe(IDLE_PROBE)
 
 
 @pytest.fixture(scope="module")
