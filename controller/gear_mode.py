@@ -262,18 +262,22 @@ class GearModes:
     async def _after_restart(self, mode: WorkerMode, now: float) -> None:
         """RESTARTING ends three ways: the supervisor reports the new mode (returning in it), reports the old one
         (its new mode did not start: returning as before), or has not reported either within
-        ``restart_timeout_factor`` restart times (serving as before: the gateway's health checks judge it)."""
+        ``restart_timeout_factor`` restart times (serving as before: the gateway's health checks judge it). After
+        a failed restart the worker's minimum dwell counts from its end: a planned move needs no stretch, so
+        without it the plan would drain and restart the same worker at once, in a loop, and the model's other
+        moves (one at a time) would never run."""
         took = now - mode.since
         timeout_s = self.config.restart_timeout_factor * self.restart_s.get(mode.worker_id, 0.0)
         try:
             state = await self.restarter.state(self.workers[mode.worker_id])
         except RestartError as exc:  # down: a supervisor may be between processes, or gone
             if took > timeout_s:
-                await self._serve_as_before(mode, now, f"restart not back after {took:.0f} s ({exc})")
+                await self._serve_as_before(mode, now, f"restart not back after {took:.0f} s ({exc})", restarted=True)
             return
         if state.restarting:
             if took > timeout_s:
-                await self._serve_as_before(mode, now, f"restart not back after {took:.0f} s (still restarting)")
+                reason = f"restart not back after {took:.0f} s (still restarting)"
+                await self._serve_as_before(mode, now, reason, restarted=True)
             return
         assert mode.target is not None
         if state.drafter != (mode.target is Mode.DRAFTER):
@@ -282,7 +286,10 @@ class GearModes:
             s = self._stretch[mode.worker_id]
             s.k0_since = s.spec_pays_since = None  # the stretch starts again: no drain straight after a failed one
             reason = f"restart fell back to {old.value} after {took:.0f} s"
-            update = {"mode": old, "phase": Phase.RETURNING, "target": None, "since": now, "reason": reason}
+            update = {
+                "mode": old, "phase": Phase.RETURNING, "target": None, "since": now, "mode_since": now,
+                "reason": reason,
+            }  # fmt: skip
             await self._write(mode.model_copy(update=update))
             return
         s = self._stretch[mode.worker_id]
@@ -298,10 +305,14 @@ class GearModes:
             )
         )
 
-    async def _serve_as_before(self, mode: WorkerMode, now: float, reason: str) -> None:
+    async def _serve_as_before(self, mode: WorkerMode, now: float, reason: str, *, restarted: bool = False) -> None:
+        """Serving again in the mode it was last seen in. ``restarted``: a restart was asked for and has not been
+        seen to end in the new mode, so the worker has (or may have) started again: its minimum dwell counts from
+        now, as after a restart that came back in its old mode."""
         log.warning("worker %s: %s", mode.worker_id, reason)
         s = self._stretch[mode.worker_id]
         s.k0_since = s.spec_pays_since = None  # the stretch starts again: no drain straight after a failed one
-        await self._write(
-            mode.model_copy(update={"phase": Phase.SERVING, "target": None, "since": now, "reason": reason})
-        )
+        update: dict[str, object] = {"phase": Phase.SERVING, "target": None, "since": now, "reason": reason}
+        if restarted:
+            update["mode_since"] = now
+        await self._write(mode.model_copy(update=update))
