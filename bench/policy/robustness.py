@@ -19,18 +19,19 @@ correction, acceptance estimator) and the probes have done their work. Target: e
 
 from __future__ import annotations
 
-import os
+import json
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from bench.executor import Executor, LocalPool
 from bench.policy import load
 from bench.policy.lab import run_policy
 from bench.policy.policies import ControllerPolicy
 from bench.policy.run_metrics import summarise
 from bench.policy.scenario import Scenario
+from bench.policy.suite import family_profiles
 from fleet.perf import Profile, load_profile
 
 P_CAP = 0.98
@@ -187,24 +188,69 @@ def run_grid(
     *,
     processes: int | None = None,
     progress: Callable[[str], None] = lambda _: None,
+    executor: Executor | None = None,
 ) -> list[CellResult]:
-    """Every cell on every scenario meaningful for its believed profile (``Scenario.fits``), ``processes`` worker
-    processes (1 runs here)."""
-    processes = processes or min(2, os.cpu_count() or 1)
+    """Every cell on every scenario meaningful for its believed profile (``Scenario.fits``), on ``executor``
+    (by default ``processes`` worker processes; 1 runs here)."""
     jobs = [(c, sc) for sc in scenarios for c in cells if sc.fits(load_profile(c.believed))]
-    if processes <= 1:
-        out = []
-        for cell, sc in jobs:
-            out.append(run_cell(cell, sc))
-            progress(f"{cell.believed} · {cell.label} · {sc.name}")
-        return out
-    with ProcessPoolExecutor(max_workers=processes) as pool:
-        futures = [(cell, sc, pool.submit(run_cell, cell, sc)) for cell, sc in jobs]
-        results = []
-        for cell, sc, fut in futures:
-            results.append(fut.result())
-            progress(f"{cell.believed} · {cell.label} · {sc.name}")
-        return results
+    results = []
+    for (cell, sc), result in zip(jobs, (executor or LocalPool(processes)).map(run_cell, jobs), strict=True):
+        results.append(result)
+        progress(f"{cell.believed} · {cell.label} · {sc.name}")
+    return results
+
+
+RESULTS = "robustness.json"
+"""Every cell's figures beside the report (``write``): a run of some cells replaces those and keeps the rest."""
+FULL_COMMAND = "gearshift bench robustness --processes 2"
+
+
+def _key(r: CellResult) -> tuple[Cell, str]:
+    return r.cell, r.scenario
+
+
+def to_json(r: CellResult) -> dict[str, object]:
+    c = r.cell
+    return {
+        "believed": c.believed, "kind": c.kind, "factor": c.factor, "other": c.other, "scenario": r.scenario,
+        "goodput_wrong_tok_s": r.goodput_wrong_tok_s, "goodput_right_tok_s": r.goodput_right_tok_s,
+        "mean_k_wrong": r.mean_k_wrong, "mean_k_right": r.mean_k_right,
+    }  # fmt: skip
+
+
+def from_json(d: dict[str, object]) -> CellResult:
+    cell = Cell(str(d["believed"]), d["kind"], float(d["factor"]), str(d["other"]))  # type: ignore[arg-type]
+    figures = ("goodput_wrong_tok_s", "goodput_right_tok_s", "mean_k_wrong", "mean_k_right")
+    return CellResult(cell, str(d["scenario"]), *(float(d[f]) for f in figures))  # type: ignore[arg-type]
+
+
+def merge(
+    kept: Sequence[CellResult], new: Sequence[CellResult], *, family: Sequence[str] | None = None
+) -> list[CellResult]:
+    """``kept`` with every cell ``new`` ran replaced by its new figures, in the report's order: by believed profile
+    (``family``'s order), then scenario (``DEFAULT_SCENARIOS`` first), then the grid's cell order. With ``family``,
+    a kept cell whose profiles left the family is dropped."""
+    by_key = {_key(r): r for r in kept}
+    by_key.update({_key(r): r for r in new})
+    order = grid(family) if family is not None else []
+    believed = list(family or [])
+    if family is not None:
+        by_key = {k: r for k, r in by_key.items() if k[0] in order}
+
+    def rank(r: CellResult) -> tuple[int, str, int, str, int, str, str]:
+        b = believed.index(r.cell.believed) if r.cell.believed in believed else len(believed)
+        s = DEFAULT_SCENARIOS.index(r.scenario) if r.scenario in DEFAULT_SCENARIOS else len(DEFAULT_SCENARIOS)
+        c = order.index(r.cell) if r.cell in order else len(order)
+        return b, r.cell.believed, s, r.scenario, c, r.cell.kind, f"{r.cell.factor}{r.cell.other}"
+
+    return sorted(by_key.values(), key=rank)
+
+
+def load_results(path: Path) -> list[CellResult]:
+    """The cells stored at ``path`` (none when it does not exist)."""
+    if not path.exists():
+        return []
+    return [from_json(d) for d in json.loads(path.read_text())["cells"]]
 
 
 def render(results: Sequence[CellResult], *, command: str) -> str:
@@ -217,7 +263,9 @@ def render(results: Sequence[CellResult], *, command: str) -> str:
         "and believing the workers' own profile (the unperturbed run). Loss = 1 − wrong / right goodput;",
         f"target: every cell within {TARGET_LOSS:.0%}.",
         "",
-        f"Regenerate with `{command}`.",
+        f"Regenerate with `{FULL_COMMAND}`, or a piece at a time "
+        "(`--profile P --scenario S`): each run replaces its cells in `robustness.json` and the report is rebuilt "
+        f"from all of them. Last run: `{command}`.",
     ]
     for believed in dict.fromkeys(r.cell.believed for r in results):
         mine = [r for r in results if r.cell.believed == believed]
@@ -242,9 +290,14 @@ def render(results: Sequence[CellResult], *, command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write(results: Sequence[CellResult], out: Path, *, command: str) -> Path:
-    """Write ``robustness.md`` under ``out``; returns its path."""
+def write(results: Sequence[CellResult], out: Path, *, command: str, family: Sequence[str] | None = None) -> Path:
+    """Merge ``results`` into the cells stored under ``out`` (``RESULTS``: a run of some cells keeps the others,
+    ``merge``), store them and write ``robustness.md`` from all of them; returns its path. ``family``: the
+    profiles of the grid (default: every built-in profile)."""
     out.mkdir(parents=True, exist_ok=True)
+    store = out / RESULTS
+    merged = merge(load_results(store), results, family=family_profiles() if family is None else family)
+    store.write_text(json.dumps({"cells": [to_json(r) for r in merged]}, indent=1) + "\n")
     path = out / "robustness.md"
-    path.write_text(render(results, command=command))
+    path.write_text(render(merged, command=command))
     return path
