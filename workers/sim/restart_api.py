@@ -1,6 +1,7 @@
 """``/gearshift/v1/restart`` on the simulated worker (``fleet.restart``): restart with or without the drafter,
 taking the profile's ``restart_s``. While it restarts, every other route (``/health`` and ``/metrics`` too)
-answers 503, as a worker whose engine is down would.
+answers 503, as a worker whose engine is down would. With ``restart_falls_back`` (a fault) the restart comes back
+in the mode it left, as the vLLM supervisor does when the new mode fails to start.
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ async def post_restart(request: web.Request) -> web.Response:
     if worker.restarting:
         raise Conflict("a restart is already under way", param="drafter")
     worker.restarting = True  # before the task runs: the next request already sees it
-    task = asyncio.create_task(worker.restart(drafter=body.drafter), name=f"restart-{worker.settings.worker_id}")
+    drafter = worker.drafter_loaded if worker.settings.restart_falls_back else body.drafter
+    task = asyncio.create_task(worker.restart(drafter=drafter), name=f"restart-{worker.settings.worker_id}")
     tasks = request.app[RESTARTS]
     tasks.add(task)
     task.add_done_callback(tasks.discard)

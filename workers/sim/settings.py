@@ -74,6 +74,10 @@ class SimWorkerSettings(BaseSettings):
         False, validation_alias=AliasChoices("allow_dev_secrets", "GEARSHIFT_ALLOW_DEV_SECRETS")
     )
     """Listen beyond loopback with the development control token (GEARSHIFT_ALLOW_DEV_SECRETS)."""
+    restart_falls_back: bool = False
+    """A fault: every restart (``fleet.restart``) takes its ``restart_s`` and comes back in the mode it left, as a
+    vLLM supervisor whose new mode did not start (``workers.vllm.supervisor``); for the controller's failed-restart
+    tests and the chaos bench (``GEARSHIFT_SIM_RESTART_FALLS_BACK``)."""
     log_level: str = "INFO"
 
     @model_validator(mode="after")
