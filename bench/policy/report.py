@@ -8,13 +8,14 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from bench.markdown import fmt, pct, table
-from bench.policy import placement_report, plan_report
+from bench.policy import pieces, placement_report, plan_report
 from bench.policy import plots as plotting
 from bench.policy.frontier import FRONTIER_SCENARIO, MATCHED_SPEEDS, frontier_points, throughput_at
 from bench.policy.run_metrics import RunMetrics
 from bench.policy.suite import CONTROLLER, SuiteResult
 from bench.policy.targets import checks, settled_k, summary_rows
 
+FULL_COMMAND = "gearshift bench policies --profiles all --processes 2"
 PLAN_KEY = "_references_and_targets"
 """``policies.json``'s key for issue 25's references and targets, per profile (beside the scenario keys)."""
 
@@ -117,7 +118,9 @@ def render(results: Mapping[str, SuiteResult], *, command: str, plots: Mapping[s
     lines = [
         "# Speculation policies in virtual time",
         "",
-        f"Regenerate with `{command}`. {HEADER}",
+        f"Regenerate with `{FULL_COMMAND}`, or a piece at a time (`--profile P --scenario S`: each run replaces its "
+        f"pieces under `{pieces.PIECES}/` beside this report, which is written from all of them). Last run: "
+        f"`{command}`. {HEADER}",
         "",
         DEFINITIONS,
         "",
@@ -257,9 +260,12 @@ PLOTS = ("goodput", "frontier", "cost", "k_over_time")
 
 
 def write(results: Mapping[str, SuiteResult], out_dir: Path, *, command: str) -> Path:
-    """Write ``policies.md``, ``policies.json`` and the PNGs (one set per profile) into ``out_dir``; returns the
-    Markdown path. Older ``policies-*.png`` there are removed first (they would be stale)."""
+    """Store ``results``' pieces under ``out_dir`` (``bench.policy.pieces``: a run of some profiles and scenarios
+    replaces those and keeps the others), then write ``policies.md``, ``policies.json`` and the PNGs (one set per
+    profile) from every stored piece; returns the Markdown path. Older ``policies-*.png`` there are removed first
+    (they would be stale)."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    results = pieces.store(results, out_dir)
     for old in out_dir.glob("policies-*.png"):
         old.unlink()
     plots: dict[str, dict[str, str]] = {}
