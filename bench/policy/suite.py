@@ -39,12 +39,11 @@ knee (``placement.knee_rate``, cached with the capacities) is measured around th
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
 from importlib import resources
 
+from bench.executor import Executor, LocalPool
 from bench.policy import load, placement, references
 from bench.policy.capacity import MixPoint, best_k, max_batch, throughput
 from bench.policy.fleet_plan_lab import FleetPlanPolicy
@@ -239,11 +238,12 @@ def run_family(
     processes: int | None = None,
     progress: Progress = lambda _: None,
     capacity_cache: load.CapacityCache | None = None,
+    executor: Executor | None = None,
 ) -> dict[str, SuiteResult]:
-    """Run every policy on every scenario meaningful on each profile (``processes`` worker processes; 1 runs
-    in this process). Capacities found in ``capacity_cache`` are not measured again; new ones are added to it
-    (and saved). Returns profile name → its result."""
-    processes = processes or min(2, os.cpu_count() or 1)
+    """Run every policy on every scenario meaningful on each profile (on ``executor``, by default ``processes``
+    worker processes; 1 runs in this process). Capacities found in ``capacity_cache`` are not measured again; new
+    ones are added to it (and saved). Returns profile name → its result."""
+    pool = executor or LocalPool(processes)
     results: dict[str, SuiteResult] = {}
     bound: list[Scenario] = []
     for profile in profiles:
@@ -267,7 +267,7 @@ def run_family(
             if hit is not None:
                 by_key[key] = hit
     missing = [key for key in wanted if key not in by_key]
-    measured = _map(_capacity, [wanted[k] for k in missing], processes, lambda a: progress(f"capacity {a[0].name}"))
+    measured = _map(_capacity, [wanted[k] for k in missing], pool, lambda a: progress(f"capacity {a[0].name}"))
     by_key.update(zip(missing, measured, strict=True))
     if capacity_cache is not None and missing:
         for key in missing:
@@ -284,7 +284,7 @@ def run_family(
             p.name: str([list(r) for r in p.rows]) for p in policies if isinstance(p, StaticSchedule)
         }
         first += [(sc, p) for p in policies]
-    _execute(first, results, processes, progress)
+    _execute(first, results, pool, progress)
     second: list[tuple[Scenario, LabPolicy]] = []
     for result in results.values():
         for sc in result.scenarios:
@@ -292,8 +292,8 @@ def run_family(
             choice = oracle_ks(sc, statics)
             result.oracle_choice[sc.name] = choice
             second.append((sc, PhaseOracle(ORACLE_K, choice)))
-    _execute(second, results, processes, progress)
-    _placement_stage(results, processes, progress, capacity_cache)
+    _execute(second, results, pool, progress)
+    _placement_stage(results, pool, progress, capacity_cache)
     for result in results.values():
         compose_references(result)
     return results
@@ -321,8 +321,12 @@ def _knee(sc: Scenario) -> float:
     )
 
 
+def _placement_job(kind: str, sc: Scenario) -> placement.Ceiling | float:
+    return placement.best_static_placement(sc, name=BEST_PLACEMENT) if kind == "ceiling" else _knee(sc)
+
+
 def _placement_stage(
-    results: dict[str, SuiteResult], processes: int, progress: Progress, cache: load.CapacityCache | None
+    results: dict[str, SuiteResult], pool: Executor, progress: Progress, cache: load.CapacityCache | None
 ) -> None:
     """Issue 13's baselines (module docstring): the searches and knee probes in parallel, then the named runs."""
     searched = [(r, sc) for r in results.values() for sc in r.scenarios if placement.searchable(sc)]
@@ -336,20 +340,18 @@ def _placement_stage(
                 kneed.append((r, sc))
             else:
                 r.knees[sc.name] = hit.rate_per_s
-    with ProcessPoolExecutor(max_workers=max(processes, 1)) as pool:
-        ceilings = [
-            (r, sc, pool.submit(placement.best_static_placement, sc, name=BEST_PLACEMENT)) for r, sc in searched
-        ]
-        knees = [(r, sc, pool.submit(_knee, sc)) for r, sc in kneed]
-        for r, sc, fut in ceilings:
-            r.ceilings[sc.name] = fut.result()
+    jobs = [("ceiling", sc) for _, sc in searched] + [("knee", sc) for _, sc in kneed]
+    owners = [r for r, _ in searched] + [r for r, _ in kneed]
+    for r, (_, sc), found in zip(owners, jobs, pool.map(_placement_job, jobs), strict=True):
+        if isinstance(found, placement.Ceiling):
+            r.ceilings[sc.name] = found
             progress(f"{sc.profile} · {sc.name} · {BEST_PLACEMENT} search")
-        for r, sc, knee_fut in knees:
-            r.knees[sc.name] = knee_fut.result()
-            if cache is not None:
-                rate = placement.poisson_rate_of(sc.phases[0])
-                cache.put(_knee_key(sc), load_profile(sc.profile), load.Capacity(r.knees[sc.name], -1, rate, 0))
-            progress(f"{sc.profile} · {sc.name} · knee")
+            continue
+        r.knees[sc.name] = found
+        if cache is not None:
+            rate = placement.poisson_rate_of(sc.phases[0])
+            cache.put(_knee_key(sc), load_profile(sc.profile), load.Capacity(found, -1, rate, 0))
+        progress(f"{sc.profile} · {sc.name} · knee")
     if cache is not None and kneed:
         cache.save()
     for r in results.values():
@@ -372,35 +374,18 @@ def run_suite(
     return run_family([load_profile(name)], scenarios, processes=processes, progress=progress)[name]
 
 
-def _map(fn: Callable[[Scenario, str], load.Capacity], args: list[tuple[Scenario, str]], processes: int,
+def _map(fn: Callable[[Scenario, str], load.Capacity], args: list[tuple[Scenario, str]], pool: Executor,
          done: Callable[[tuple[Scenario, str]], None]) -> list[load.Capacity]:  # fmt: skip
-    if processes <= 1:
-        out = []
-        for a in args:
-            out.append(fn(*a))
-            done(a)
-        return out
-    with ProcessPoolExecutor(max_workers=processes) as pool:
-        futures = [pool.submit(fn, *a) for a in args]
-        out = []
-        for a, fut in zip(args, futures, strict=True):
-            out.append(fut.result())
-            done(a)
-        return out
+    out = []
+    for a, capacity in zip(args, pool.map(fn, args), strict=True):
+        out.append(capacity)
+        done(a)
+    return out
 
 
 def _execute(
-    jobs: list[tuple[Scenario, LabPolicy]], results: dict[str, SuiteResult], processes: int, progress: Progress
+    jobs: list[tuple[Scenario, LabPolicy]], results: dict[str, SuiteResult], pool: Executor, progress: Progress
 ) -> None:
-    if processes <= 1:
-        for sc, policy in jobs:
-            results[sc.profile].runs[sc.name, policy.name] = _run_one(sc, policy)
-            progress(f"{sc.profile} · {sc.name} · {policy.name}")
-        return
-    with ProcessPoolExecutor(max_workers=processes) as pool:
-        futures: list[tuple[Scenario, LabPolicy, Future[RunMetrics]]] = [
-            (sc, policy, pool.submit(_run_one, sc, policy)) for sc, policy in jobs
-        ]
-        for sc, policy, fut in futures:
-            results[sc.profile].runs[sc.name, policy.name] = fut.result()
-            progress(f"{sc.profile} · {sc.name} · {policy.name}")
+    for (sc, policy), metrics in zip(jobs, pool.map(_run_one, jobs), strict=True):
+        results[sc.profile].runs[sc.name, policy.name] = metrics
+        progress(f"{sc.profile} · {sc.name} · {policy.name}")

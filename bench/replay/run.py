@@ -11,12 +11,11 @@ growing backlog).
 from __future__ import annotations
 
 import math
-import os
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 
+from bench.executor import Executor, LocalPool
 from bench.policy.lab import RawRun, run_policy
 from bench.policy.policies import LAB_POLICIES, LabPolicy, PhaseOracle, StaticSchedule
 from bench.policy.run_metrics import RunMetrics, delivered_tokens, summarise, verdicts
@@ -135,39 +134,23 @@ def replay_policies(profile: Profile) -> list[LabPolicy]:
     return [StaticSchedule.plain(k) for k in static_ks(profile)] + [make() for make in LAB_POLICIES.values()]
 
 
-_PLAN: ReplayPlan | None = None
-"""The plan the pool's forked workers replay (set before the pool starts; a trace is too big to pickle per job)."""
-
-
-def _run_forked(policy: LabPolicy, streamed: bool) -> PolicyRun:
-    assert _PLAN is not None
-    return run_one(_PLAN, policy, streamed=streamed)
+def _run_shared(plan: ReplayPlan, policy: LabPolicy, streamed: bool) -> PolicyRun:
+    return run_one(plan, policy, streamed=streamed)
 
 
 Progress = Callable[[str], None]
 
 
 def _run_all(
-    plan: ReplayPlan, policies: Sequence[LabPolicy], processes: int, progress: Progress, streamed: bool
+    plan: ReplayPlan, policies: Sequence[LabPolicy], pool: Executor, progress: Progress, streamed: bool
 ) -> list[PolicyRun]:
-    global _PLAN
-    if processes <= 1 or len(policies) <= 1:
-        out = []
-        for p in policies:
-            out.append(run_one(plan, p, streamed=streamed))
-            progress(f"{p.name}: {out[-1].wall_s:.1f} s")
-        return out
-    _PLAN = plan
-    try:
-        with ProcessPoolExecutor(max_workers=processes) as pool:
-            futures = [pool.submit(_run_forked, p, streamed) for p in policies]
-            out = []
-            for fut in futures:
-                out.append(fut.result())
-                progress(f"{out[-1].policy}: {out[-1].wall_s:.1f} s")
-            return out
-    finally:
-        _PLAN = None
+    """Every policy on ``plan``, on ``pool`` (the plan goes to each worker once: a trace is too big to send per
+    job)."""
+    out = []
+    for run in pool.map(_run_shared, [(p, streamed) for p in policies], shared=plan):
+        out.append(run)
+        progress(f"{run.policy}: {run.wall_s:.1f} s")
+    return out
 
 
 @dataclass
@@ -183,14 +166,20 @@ class ReplayResult:
 
 
 def replay(
-    plan: ReplayPlan, *, processes: int | None = None, progress: Progress = lambda _: None, streamed: bool = True
+    plan: ReplayPlan,
+    *,
+    processes: int | None = None,
+    progress: Progress = lambda _: None,
+    streamed: bool = True,
+    executor: Executor | None = None,
 ) -> ReplayResult:
-    """Every policy, then the oracle, on ``plan`` (``streamed``: as ``run_one``)."""
+    """Every policy, then the oracle, on ``plan`` (``streamed``: as ``run_one``), on ``executor`` (by default
+    ``processes`` worker processes)."""
     started = time.perf_counter()
-    processes = processes or min(2, os.cpu_count() or 1)
+    pool = executor or LocalPool(processes)
     profile = load_profile(plan.profile_path)
     ks = static_ks(profile)
-    runs = {r.policy: r for r in _run_all(plan, replay_policies(profile), processes, progress, streamed)}
+    runs = {r.policy: r for r in _run_all(plan, replay_policies(profile), pool, progress, streamed)}
     choice = oracle_ks(plan.scenario, [runs[static_name(k)].metrics for k in ks])
     oracle = run_one(plan, PhaseOracle(ORACLE, choice), profile, streamed=streamed)
     progress(f"{ORACLE}: {oracle.wall_s:.1f} s")

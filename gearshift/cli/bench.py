@@ -30,6 +30,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from bench.executor import EXECUTOR_HELP, EXECUTORS, make_executor
 from gearshift.cli import bench_drafter_free, bench_limits, bench_prefix, chaos, replay, soak
 
 bench_app = typer.Typer(help="Benchmarks and load checks: speculation policies in virtual time, the gateway's cost, …")
@@ -61,6 +62,7 @@ def policies(
     profiles: Annotated[str | None, typer.Option(help="'all': every profile of the family (fleet/profiles).")] = None,
     scale: Annotated[float, typer.Option(min=0.001, help="Multiply every phase's duration (smoke runs).")] = 1.0,
     processes: Annotated[int, typer.Option(min=1, help="Worker processes running policies in parallel.")] = 2,
+    executor: Annotated[str, typer.Option(help=EXECUTOR_HELP)] = "local",
     remeasure: Annotated[
         bool, typer.Option(help="Measure every capacity again instead of reading policies-capacity.json.")
     ] = False,
@@ -85,6 +87,8 @@ def policies(
         if mode is None:
             raise ConfigError(f"--idle-drafter: 'stock' or 'plugin', got {idle_drafter!r}")
         scenarios = load_scenarios(scenario_dir, scenario or None)
+        if executor not in EXECUTORS:
+            raise ConfigError(f"--executor: one of {', '.join(EXECUTORS)}, got {executor!r}")
         if profiles is not None and profiles != "all":
             raise ConfigError(f"--profiles: only 'all' is accepted, got {profiles!r}; name one with --profile")
         names = family_profiles() if profiles == "all" else (profile or sorted({s.profile for s in scenarios}))
@@ -107,8 +111,8 @@ def policies(
         else:
             console.print(f"{done} {message}")
 
-    with console.status("policy runs") as status:
-        results = run_family(family, scenarios, processes=processes, progress=progress, capacity_cache=cache)
+    with console.status("policy runs") as status, make_executor(executor, processes=processes) as pool:
+        results = run_family(family, scenarios, progress=progress, capacity_cache=cache, executor=pool)
     path = report.write(results, out, command=_command_line())
     for name, result in results.items():
         mine = targets.checks(result)
@@ -193,6 +197,7 @@ def robustness(
     ] = None,
     scale: Annotated[float, typer.Option(min=0.001, help="Multiply every phase's duration (smoke runs).")] = 1.0,
     processes: Annotated[int, typer.Option(min=1, help="Worker processes running cells in parallel.")] = 2,
+    executor: Annotated[str, typer.Option(help=EXECUTOR_HELP)] = "local",
 ) -> None:
     """Goodput lost when the controller believes one profile and the workers run another, per cell of the grid."""
     from bench.policy import robustness as grid
@@ -201,6 +206,8 @@ def robustness(
     from fleet.config import ConfigError
 
     try:
+        if executor not in EXECUTORS:
+            raise ConfigError(f"--executor: one of {', '.join(EXECUTORS)}, got {executor!r}")
         chosen = load_scenarios(scenario_dir, scenario or list(grid.DEFAULT_SCENARIOS))
     except ConfigError as exc:
         typer.echo(f"error: {exc}", err=True)
@@ -209,8 +216,8 @@ def robustness(
         chosen = [s.scaled(scale) for s in chosen]
     cells = [c for c in grid.grid(family_profiles()) if profile is None or c.believed in profile]
     console = Console(stderr=True)
-    with console.status("robustness cells") as status:
-        results = grid.run_grid(cells, chosen, processes=processes, progress=lambda m: status.update(f"cells: {m}"))
+    with console.status("robustness cells") as status, make_executor(executor, processes=processes) as pool:
+        results = grid.run_grid(cells, chosen, progress=lambda m: status.update(f"cells: {m}"), executor=pool)
     path = grid.write(results, out, command=_command_line())
     console.print(f"{sum(r.met for r in results)}/{len(results)} cells within {grid.TARGET_LOSS:.0%}; wrote {path}")
 

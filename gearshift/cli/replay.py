@@ -13,6 +13,8 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from bench.executor import EXECUTOR_HELP, EXECUTORS, make_executor
+
 DEFAULT_OUT = Path("docs/benchmarks")
 
 
@@ -67,6 +69,7 @@ def replay(
         int | None, typer.Option(min=1, help="Sequences a worker runs at once (default: the profile's recipe).")
     ] = None,
     processes: Annotated[int, typer.Option(min=1, help="Worker processes running policies in parallel.")] = 2,
+    executor: Annotated[str, typer.Option(help=EXECUTOR_HELP)] = "local",
     out: Annotated[Path, typer.Option(help="Directory for replay.md and its PNGs.")] = DEFAULT_OUT,
     stem: Annotated[str, typer.Option(help="File name stem of the report.")] = "replay",
 ) -> None:
@@ -118,7 +121,10 @@ def replay(
                 console.print(f"{name}: {fleets[name]} workers")
         size = max((n for n in fleets.values() if n is not None), default=2) if auto else int(workers)
         console.print(f"replaying {len(tr.requests)} requests over {tr.duration_s / 60:.1f} min on {size} workers …")
-        result = run_replay(plan(size), processes=processes, progress=lambda m: console.print(f"  done {m}"))
+        if executor not in EXECUTORS:
+            raise ConfigError(f"--executor: one of {', '.join(EXECUTORS)}, got {executor!r}")
+        with make_executor(executor, processes=processes) as pool:
+            result = run_replay(plan(size), progress=lambda m: console.print(f"  done {m}"), executor=pool)
         result.fleets = fleets
     except (TraceError, ConfigError) as exc:
         console.print(f"[red]{exc}")
