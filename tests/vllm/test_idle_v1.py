@@ -289,3 +289,57 @@ def test_without_async_scheduling_the_runner_reads_a_list_of_drafts_as_vllms_ngr
     assert if_body(cpu_copy, "isinstance(self._draft_token_ids, list)") == [
         ["return (self._draft_token_ids, self.input_batch.req_ids)"]
     ]
+
+
+ABLATION_PROBE = """
+import json, sys
+from types import ModuleType, SimpleNamespace
+import numpy as np
+import torch
+from workers.vllm import idle_drafter, idle_v1
+from workers.vllm.settings import IdleDrafter
+
+def runner_module():
+    module = ModuleType("fake_runner")
+    names = ("propose_draft_token_ids", "_sample", "_prepare_inputs", "_calc_spec_decode_metadata",
+             "take_draft_token_ids")
+    module.GPUModelRunner = type("GPUModelRunner", (), {n: (lambda self, *a: None) for n in names})
+    return module
+
+def stand_in(cls):
+    runner = cls()
+    runner.speculative_config = SimpleNamespace(
+        method="draft_model", uses_draft_model=lambda: True, disable_padded_drafter_batch=False)
+    runner.drafter = SimpleNamespace()
+    runner.input_batch = SimpleNamespace(
+        num_reqs=2, req_ids=["a", "b"], num_computed_tokens_cpu=np.array([5, 7], dtype=np.int32))
+    runner.valid_sampled_token_count_event = None
+    runner.use_async_scheduling = False
+    runner.query_start_loc = SimpleNamespace(np=np.array([0, 1, 2], dtype=np.int32))
+    runner.input_ids = SimpleNamespace(gpu=torch.arange(8))
+    runner._get_positions = lambda n: torch.arange(n)
+    runner.device = torch.device("cpu")
+    return runner
+
+answer = {}
+for mode in (IdleDrafter.SKIP, IdleDrafter.SKIP_NO_CATCH_UP):
+    module = runner_module()
+    idle_drafter.install(mode, modules={idle_drafter.V1_RUNNER_MODULE: module})
+    runner = stand_in(module.GPUModelRunner)
+    skip = idle_v1.skip_for(runner)
+    out = SimpleNamespace(num_spec_tokens_to_schedule=0, total_num_scheduled_tokens=2)
+    skip._skip(runner, out, torch.zeros(2, 1, dtype=torch.int32))
+    due = skip.lag.due(["a", "b"], [6, 8])
+    answer[mode.value] = {"catch_up": skip.catch_up, "due": [c.length for c in due]}
+sys.stdout.write(json.dumps(answer) + "\\n")
+"""
+
+
+def test_the_ablation_installs_the_skip_without_its_catch_up(vllm_env: None, tmp_path: Path) -> None:
+    """``GEARSHIFT_IDLE_DRAFTER=skip-no-catch-up``: the same skip at k = 0, but nothing recorded for a catch-up
+    (the drafter's KV keeps its hole), so the acceptance check has something that must fail it."""
+    script = tmp_path / "ablation_probe.py"
+    script.write_text(ABLATION_PROBE)
+    answer = run_probe(script)
+    assert answer["skip"] == {"catch_up": True, "due": [1, 1]}  # one skipped position per request, replayed
+    assert answer["skip-no-catch-up"] == {"catch_up": False, "due": []}

@@ -3,6 +3,7 @@ the k = 0 tax (the speculation-free command line, paired rounds)."""
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from workers.vllm.measure import (
     TaxResult,
     format_table,
     format_tax_table,
+    median_interval,
     process_group_cpu_seconds,
     process_group_rss_bytes,
     without_speculation,
@@ -72,14 +74,43 @@ def test_the_k0_tax_is_the_median_of_paired_rounds() -> None:
     assert row == ["4", "11.000", "10.000", "+10.0%", "+0.0%…+20.0%", "-", "0"]
 
 
-def test_the_cpu_time_tax_compares_cpu_seconds_per_token_over_all_rounds() -> None:
+def test_the_cpu_time_tax_is_the_median_of_paired_rounds_of_cpu_seconds_per_token() -> None:
     def batch(tokens: int, cpu_s: float | None) -> BatchResult:
         return BatchResult(tokens, 9.9, WorkerScrape(), cpu_s=cpu_s)
 
-    result = TaxResult(1, with_drafter=(batch(100, 1.0), batch(100, 1.2)), without=(batch(100, 1.0), batch(100, 1.0)))
-    assert result.cpu_tax is not None
-    assert round(result.cpu_tax, 6) == 0.1
+    # round 3 ran while the machine was busy: both servers used twice the CPU; a total over the rounds would
+    # weigh it double (3.4 / 3.0 - 1 = +13 %), the median of the paired rounds does not
+    result = TaxResult(
+        1,
+        with_drafter=(batch(100, 1.0), batch(100, 1.2), batch(200, 4.2)),
+        without=(batch(100, 1.0), batch(100, 1.0), batch(200, 4.0)),
+    )
+    assert result.cpu_round_taxes == pytest.approx((0.0, 0.2, 0.05))
+    assert result.cpu_tax == pytest.approx(0.05)
+    assert result.cpu_tax_interval is None  # 3 rounds: too few for a 95 % interval
     assert TaxResult(1, with_drafter=(batch(100, None),), without=(batch(100, 1.0),)).cpu_tax is None
+
+
+def _coverage(n: int, j: int) -> float:
+    """P(x_(j) <= median <= x_(n-j+1)) for n draws of a continuous distribution: 1 - 2 P(Binomial(n, 1/2) < j)."""
+    return 1 - 2 * sum(math.comb(n, i) for i in range(j)) / 2**n
+
+
+@pytest.mark.parametrize("n", [6, 7, 9, 12, 15, 30])
+def test_the_median_interval_is_the_narrowest_pair_of_order_statistics_covering_95_percent(n: int) -> None:
+    values = [float(v) for v in range(n, 0, -1)]  # unsorted on purpose; x_(i) = i
+    interval = median_interval(values)
+    assert interval is not None
+    lo, hi = interval
+    j = int(lo)
+    assert hi == n - j + 1  # symmetric ranks
+    assert _coverage(n, j) >= 0.95
+    assert _coverage(n, j + 1) < 0.95  # one rank narrower would cover less
+
+
+def test_no_median_interval_from_five_rounds_or_fewer() -> None:
+    assert _coverage(5, 1) < 0.95
+    assert all(median_interval([1.0] * n) is None for n in range(6))
 
 
 def test_cpu_seconds_sum_user_and_system_time_of_the_process_group(tmp_path: Path) -> None:
@@ -94,6 +125,22 @@ def test_cpu_seconds_sum_user_and_system_time_of_the_process_group(tmp_path: Pat
     proc(200, 200, 9000, 0)
     ticks = os.sysconf("SC_CLK_TCK")
     assert process_group_cpu_seconds(100, proc_root=tmp_path) == 500 / ticks
+
+
+def test_cpu_seconds_prefer_the_threads_exact_run_time_where_the_kernel_has_schedstat(tmp_path: Path) -> None:
+    def proc(pid: int, pgrp: int, ticks: int, threads_ns: list[int] | None) -> None:
+        d = tmp_path / str(pid)
+        d.mkdir()
+        rest = " ".join(["0"] * 7)
+        (d / "stat").write_text(f"{pid} (vllm) S 1 {pgrp} {pgrp} {rest} {ticks} 0 0 0\n")
+        for tid, ns in enumerate(threads_ns or [], start=pid):
+            (d / "task" / str(tid)).mkdir(parents=True)
+            (d / "task" / str(tid) / "schedstat").write_text(f"{ns} 123 45\n")
+
+    proc(100, 100, 999, [1_250_000_000, 250_000_001])  # the tick count is ignored where schedstat exists
+    proc(101, 100, 50, None)
+    ticks = os.sysconf("SC_CLK_TCK")
+    assert process_group_cpu_seconds(100, proc_root=tmp_path) == pytest.approx(1.500000001 + 50 / ticks)
 
 
 def test_the_idle_tax_pairs_each_server_with_plain_in_its_round_and_compares_greedy_texts() -> None:
@@ -116,10 +163,48 @@ def test_the_idle_tax_pairs_each_server_with_plain_in_its_round_and_compares_gre
     row = format_idle_tax(run, [2]).splitlines()[1].split()
     assert row[4:6] == ["+80.0%", "+1.0%"]
     assert row[-1] == "NO"
+    assert row[6] == "r:+0.0%…+2.0%"  # two rounds: their range, marked, not a confidence interval
     assert rotated(["p", "s", "k"], 4) == ["s", "k", "p"]
     head, labelled = format_idle_tax(run, [2], method="ngram").splitlines()
     assert head.split()[0] == "method"
     assert labelled.split() == ["ngram", *row]
+
+
+def test_the_idle_tax_table_gives_the_95_percent_interval_of_the_median_round_from_six_rounds() -> None:
+    from workers.vllm.measure_idle import IdleTaxRun, format_idle_tax
+
+    def batch(seconds: float, cpu_s: float) -> BatchResult:
+        return BatchResult(100, seconds, WorkerScrape(), cpu_s=cpu_s, texts=("a",))
+
+    skip_s = (1.01, 1.03, 0.99, 1.02, 1.00, 1.04)  # over plain's 1.0: -1 % … +4 %
+    run = IdleTaxRun(
+        {
+            ("plain", 1): tuple(batch(1.0, 1.0) for _ in skip_s),
+            ("stock", 1): tuple(batch(2.0, 2.0) for _ in skip_s),
+            ("skip", 1): tuple(batch(s, 2 - s) for s in skip_s),
+        }
+    )
+    _head, row = (line.split() for line in format_idle_tax(run, [1]).splitlines())
+    assert row[5] == "+1.5%"  # the median of the six rounds
+    assert row[6] == "-1.0%…+4.0%"  # six rounds: the 95 % interval is x_(1)…x_(6)
+    assert row[9] == "-4.0%…+1.0%"  # the same in CPU time
+    assert row[10] == "6"
+
+
+def test_the_acceptance_table_says_whether_each_server_is_within_two_percent() -> None:
+    from workers.vllm.measure_idle import NO_CATCH_UP, AcceptanceWindow, format_acceptance
+
+    def window(draft_tokens: float, accepted: float) -> AcceptanceWindow:
+        return AcceptanceWindow(
+            WorkerScrape(drafts=draft_tokens / 4, draft_tokens=draft_tokens, accepted=accepted), 1.0
+        )
+
+    table = format_acceptance(
+        [("skip", window(400, 380), window(400, 374)), (NO_CATCH_UP, window(400, 380), window(400, 200))]
+    )
+    skip, ablation = (line.split() for line in table.splitlines()[1:])
+    assert skip[1:5] == ["0.9500", "0.9350", "-1.58%", "yes"]
+    assert ablation[:5] == [NO_CATCH_UP, "0.9500", "0.5000", "-47.37%", "NO"]
 
 
 def test_measure_k0_tax_refuses_an_unknown_method_before_building_anything(tmp_path: Path) -> None:

@@ -10,12 +10,14 @@ module right after it executes (at once when it is already imported).
   behind ``with_plain_step`` and ``with_plain_step_metadata`` (a step at k = 0 runs without speculative
   metadata), ``_sample`` behind ``with_plain_sampler`` (a step that verifies no drafts is sampled as without
   speculation), ``take_draft_token_ids`` behind ``with_quiet_take`` (the skip's empty drafts go unreported).
+  ``IdleDrafter.SKIP_NO_CATCH_UP`` (an ablation) installs the same with the draft model's catch-up off.
 - Model Runner V2 (``vllm.v1.worker.gpu.model_runner``, GPUs): ``GPUModelRunner.load_model`` wraps the built
   speculator's ``propose`` (``workers.vllm.idle_v2``).
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.abc
 import importlib.machinery
 import logging
@@ -70,10 +72,11 @@ def _patch_once(module: ModuleType, patch: Callable[[ModuleType], None]) -> None
     setattr(module, _PATCHED, True)
 
 
-def _patch_v1(module: ModuleType) -> None:
+def _patch_v1(module: ModuleType, *, catch_up: bool = True) -> None:
     from workers.vllm import idle_v1
 
     runner = module.GPUModelRunner
+    setattr(runner, idle_v1.CATCH_UP_ATTR, catch_up)
     runner.propose_draft_token_ids = idle_v1.with_skip(runner.propose_draft_token_ids)
     runner._sample = idle_v1.with_plain_sampler(runner._sample)
     runner._prepare_inputs = idle_v1.with_plain_step(runner._prepare_inputs)
@@ -94,15 +97,20 @@ PATCHES: dict[str, Callable[[ModuleType], None]] = {V1_RUNNER_MODULE: _patch_v1,
 
 
 def install(mode: IdleDrafter, *, modules: dict[str, Any] | None = None) -> list[str]:
-    """Arrange for the skip to be installed in each runner module (``mode`` SKIP); returns the module names it
-    was installed in or will be on import. ``modules`` stands in for ``sys.modules`` in tests."""
-    if mode is not IdleDrafter.SKIP:
+    """Arrange for the skip to be installed in each runner module (``mode`` SKIP, or SKIP_NO_CATCH_UP for the
+    ablation); returns the module names it was installed in or will be on import. ``modules`` stands in for
+    ``sys.modules`` in tests."""
+    if mode is IdleDrafter.STOCK:
         return []
+    patches = PATCHES
+    if mode is IdleDrafter.SKIP_NO_CATCH_UP:
+        log.warning("gearshift: idle-drafter skip WITHOUT its catch-up (an ablation: acceptance after k = 0 drops)")
+        patches = {**PATCHES, V1_RUNNER_MODULE: functools.partial(_patch_v1, catch_up=False)}
     loaded = sys.modules if modules is None else modules
-    for name, patch in PATCHES.items():
+    for name, patch in patches.items():
         module = loaded.get(name)
         if module is not None:
             _patch_once(module, patch)
         elif not any(isinstance(f, _AfterImport) and f.name == name for f in sys.meta_path):
             sys.meta_path.insert(0, _AfterImport(name, lambda m, p=patch: _patch_once(m, p)))  # type: ignore[misc]
-    return list(PATCHES)
+    return list(patches)

@@ -58,6 +58,8 @@ from workers.vllm.drafter_lag import CatchUp, DrafterLag, pack
 log = logging.getLogger("vllm.gearshift")
 
 _SKIP_ATTR = "_gearshift_idle_drafter"
+CATCH_UP_ATTR = "_gearshift_catch_up"
+"""Set on the runner class by the install: False for the ablation ``IdleDrafter.SKIP_NO_CATCH_UP``."""
 _PLAIN_STEP_ATTR = "_gearshift_plain_step"
 _NO_DRAFTS_ATTR = "_gearshift_no_drafts"
 """The skip's last ``no_drafts`` list, until ``take_draft_token_ids`` (``with_quiet_take``) sees it."""
@@ -79,9 +81,11 @@ class NgramSkip:
 
 
 class DraftModelSkip:
-    """draft_model at k = 0: no drafter forward; the positions it missed are replayed when k returns."""
+    """draft_model at k = 0: no drafter forward; the positions it missed are replayed when k returns
+    (``catch_up``; False only for the ablation, which leaves the drafter's KV with a hole)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, catch_up: bool = True) -> None:
+        self.catch_up = catch_up
         self.lag = DrafterLag()
         self._stash: dict[int, tuple[Any, Any]] = {}
         self._skips = 0
@@ -105,6 +109,17 @@ class DraftModelSkip:
                 sampled_token_ids, runner.requests, batch, runner.discard_request_mask.gpu
             )
             runner._copy_valid_sampled_token_count(next_token_ids, valid_counts)
+        self._skips += 1
+        if self._skips == 1:
+            log.info("gearshift: idle-drafter skip: first step without a drafter forward (k = 0)")
+        if self.catch_up:
+            self._record(runner, scheduler_output)
+        return no_drafts(runner, num_reqs)
+
+    def _record(self, runner: Any, scheduler_output: Any) -> None:
+        """Note the step's positions in the ledger and stash its token ids and positions, for the catch-up."""
+        batch = runner.input_batch
+        num_reqs = batch.num_reqs
         num_tokens = scheduler_output.total_num_scheduled_tokens
         step = self.lag.skipped(
             batch.req_ids[:num_reqs], runner.query_start_loc.np[: num_reqs + 1], batch.num_computed_tokens_cpu
@@ -113,12 +128,8 @@ class DraftModelSkip:
             runner.input_ids.gpu[:num_tokens].clone(),
             runner._get_positions(num_tokens).clone(),
         )
-        self._skips += 1
-        if self._skips == 1:
-            log.info("gearshift: idle-drafter skip: first step without a drafter forward (k = 0)")
         if self._skips % _PRUNE_EVERY == 0:
             self._prune(runner)
-        return no_drafts(runner, num_reqs)
 
     def _prune(self, runner: Any) -> None:
         self.lag.forget_all_but(runner.requests)
@@ -339,8 +350,11 @@ def skip_for(runner: Any) -> NgramSkip | DraftModelSkip | None:
     if spec is not None and spec.method == "ngram":
         skip = NgramSkip()
     elif spec is not None and spec.uses_draft_model() and _replayable(runner, spec):
-        skip = DraftModelSkip()
-    log.info("gearshift: idle-drafter skip on the V1 runner: %s", type(skip).__name__ if skip else "none (stock)")
+        skip = DraftModelSkip(catch_up=getattr(runner, CATCH_UP_ATTR, True))
+    name = type(skip).__name__ if skip else "none (stock)"
+    if isinstance(skip, DraftModelSkip) and not skip.catch_up:
+        name += " without catch-up (ablation)"
+    log.info("gearshift: idle-drafter skip on the V1 runner: %s", name)
     runner.__dict__[_SKIP_ATTR] = skip
     return skip
 

@@ -12,6 +12,7 @@ alternate, so noise from other work on the machine falls on both; the tax is the
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import statistics
 import time
@@ -114,10 +115,48 @@ def _group_stats(pgid: int, proc_root: Path) -> Iterator[tuple[Path, list[str]]]
             continue  # the process ended while we looked
 
 
+def _run_time_ns(proc: Path) -> int | None:
+    """Nanoseconds the process's live threads have run (``/proc/<pid>/task/*/schedstat``, first field: the
+    scheduler's exact run time); None without schedstat."""
+    total, found = 0, False
+    for schedstat in proc.glob("task/[0-9]*/schedstat"):
+        try:
+            total += int(schedstat.read_text().split()[0])
+            found = True
+        except (OSError, IndexError, ValueError):
+            continue  # the thread ended while we looked
+    return total if found else None
+
+
 def process_group_cpu_seconds(pgid: int, proc_root: Path = Path("/proc")) -> float:
-    """User + system CPU seconds used so far by the live processes of group ``pgid``."""
+    """CPU seconds used so far by the live processes of group ``pgid``: their threads' exact run time from
+    schedstat where the kernel has it, else user + system time from ``stat``. The latter is sampled at each
+    clock tick (10 ms), so a batch of a few hundred ms reads it to ±10 % or worse; schedstat is exact."""
     ticks = os.sysconf("SC_CLK_TCK")
-    return sum(int(f[11]) + int(f[12]) for _, f in _group_stats(pgid, proc_root)) / ticks
+    total = 0.0
+    for proc, fields in _group_stats(pgid, proc_root):
+        run_ns = _run_time_ns(proc)
+        total += run_ns / 1e9 if run_ns is not None else (int(fields[11]) + int(fields[12])) / ticks
+    return total
+
+
+def median_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float] | None:
+    """A distribution-free confidence interval of the median of ``values`` (the order statistics whose ranks the
+    binomial(n, 1/2) bounds at ``confidence``); None when ``values`` are too few for it (6 for 95 %). Paired
+    rounds differ by noise that is neither normal nor steady, so no distribution is assumed."""
+    xs = sorted(values)
+    n = len(xs)
+    tail = (1 - confidence) / 2
+    # the largest j with P(Binomial(n, 1/2) < j) <= tail: the interval is [x_(j), x_(n-j+1)], ranks from 1
+    j, below = 0, 0.0
+    while j < n:
+        nxt = below + math.comb(n, j) / 2**n
+        if nxt > tail:
+            break
+        below, j = nxt, j + 1
+    if j == 0:
+        return None
+    return xs[j - 1], xs[n - j]
 
 
 def process_group_rss_bytes(pgid: int, proc_root: Path = Path("/proc")) -> int:
@@ -242,16 +281,35 @@ class TaxResult:
         return statistics.median(self.round_taxes) if self.round_taxes else 0.0
 
     @property
-    def cpu_tax(self) -> float | None:
-        """Extra CPU time per token at k = 0 with the drafter loaded, a fraction: total CPU seconds per token of
-        the speculating server over the other's, less 1 (None when CPU time was not measured)."""
-        spec = [b.cpu_s for b in self.with_drafter]
-        plain = [b.cpu_s for b in self.without]
-        if None in spec or None in plain:
+    def tax_interval(self) -> tuple[float, float] | None:
+        """95 % confidence interval of ``tax`` (``median_interval`` of the rounds); None for fewer than 6 rounds."""
+        return median_interval(self.round_taxes)
+
+    @property
+    def cpu_round_taxes(self) -> tuple[float, ...] | None:
+        """Per round, the speculating server's CPU seconds per token over the other's, less 1 (None when CPU time
+        was not measured)."""
+        pairs = list(zip(self.with_drafter, self.without, strict=True))
+        if any(a.cpu_s is None or b.cpu_s is None for a, b in pairs):
             return None
-        spec_s = sum(c for c in spec if c is not None) / sum(b.completion_tokens for b in self.with_drafter)
-        plain_s = sum(c for c in plain if c is not None) / sum(b.completion_tokens for b in self.without)
-        return spec_s / plain_s - 1 if plain_s > 0 else None
+        return tuple(
+            (a.cpu_s / a.completion_tokens) / (b.cpu_s / b.completion_tokens) - 1  # type: ignore[operator]
+            for a, b in pairs
+            if a.completion_tokens and b.completion_tokens and b.cpu_s
+        )
+
+    @property
+    def cpu_tax(self) -> float | None:
+        """Extra CPU time per token at k = 0 with the drafter loaded, a fraction: the median round of
+        ``cpu_round_taxes`` (None when CPU time was not measured)."""
+        rounds = self.cpu_round_taxes
+        return statistics.median(rounds) if rounds else None
+
+    @property
+    def cpu_tax_interval(self) -> tuple[float, float] | None:
+        """95 % confidence interval of ``cpu_tax``; None without CPU time or with fewer than 6 rounds."""
+        rounds = self.cpu_round_taxes
+        return None if rounds is None else median_interval(rounds)
 
     @property
     def drafts(self) -> float:

@@ -17,6 +17,10 @@ class IdleDrafter(StrEnum):
     """vLLM's own behaviour: the drafter runs (the idle-drafter tax)."""
     SKIP = "skip"
     """The plugin skips the drafter's work and keeps its context current (``workers.vllm.idle_v1``/``idle_v2``)."""
+    SKIP_NO_CATCH_UP = "skip-no-catch-up"
+    """An ablation, never for serving: the V1 skip without its catch-up, so a draft model's KV keeps a hole at
+    every position computed at k = 0. What acceptance after a return to k > 0 loses without the catch-up
+    (``gearshift worker measure --k0-tax``'s acceptance check) shows that the check can fail."""
 
 
 class VllmPluginSettings(CommonSettings):
@@ -28,7 +32,8 @@ class VllmPluginSettings(CommonSettings):
     """Seconds between the API server's reads of the engine's schedule: it refreshes the worker metrics and
     lets a lease expire on an idle engine (a busy engine checks its lease before every step anyway)."""
     idle_drafter: IdleDrafter = IdleDrafter.SKIP
-    """``GEARSHIFT_IDLE_DRAFTER``: ``skip`` (default) or ``stock`` (to measure the tax the skip removes)."""
+    """``GEARSHIFT_IDLE_DRAFTER``: ``skip`` (default), ``stock`` (to measure the tax the skip removes) or
+    ``skip-no-catch-up`` (to measure what the catch-up is worth)."""
     host: str | None = None
     """The API server's listen address (the plugin passes vLLM's ``--host``; "" for every interface); None in
     the engine process, which listens nowhere."""
