@@ -9,7 +9,8 @@
 4. replay each run's ledger with that profile under the policy that actually ran;
 5. compare the replay's prediction with the gateway's own measurements of the run, per tier: throughput
    (output tokens of requests finished inside the window, per second), TTFT and TPOT p50/p99. Target: within
-   ``TOLERANCE``.
+   ``TOLERANCE``; a figure outside it is a miss only if it is outside it for every value of the measured figure's
+   confidence interval (``bench.replay.confidence``: from its number of samples).
 
 Both sides use the same definitions: the gateway measures TTFT from a request's arrival at the gateway to its
 first streamed chunk and TPOT from the first to the last chunk over the tokens after the first; the lab the same
@@ -20,6 +21,7 @@ effects the lab does not model; they show up in the comparison.
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import tempfile
 import time
@@ -34,6 +36,7 @@ from bench.policy.policies import ControllerPolicy, LabPolicy, StaticSchedule
 from bench.procs import free_port
 from bench.profiler.run import profile_worker
 from bench.profiler.sweep import SweepConfig
+from bench.replay.confidence import Interval, Verdict, error_interval, quantile_interval, rate_interval, verdict
 from bench.replay.run import PolicyRun, run_one
 from bench.replay.scenario import plan_replay
 from bench.replay.trace import TraceRequest, rebase
@@ -84,6 +87,20 @@ class TierFigures:
     tpot_p50_s: float
     tpot_p99_s: float
     requests: int
+    intervals: dict[str, Interval] = field(default_factory=dict)
+    """Measured figures only: each metric's confidence interval from its samples (``bench.replay.confidence``)."""
+    samples: dict[str, int] = field(default_factory=dict)
+    """Measured figures only: how many samples each metric was computed from."""
+
+
+@dataclass(frozen=True)
+class Judged:
+    """One predicted figure against its measured one: the relative error, its interval over the measured figure's
+    confidence interval, and the verdict (``bench.replay.confidence.verdict``)."""
+
+    error: float
+    interval: Interval
+    verdict: Verdict
 
 
 @dataclass
@@ -101,6 +118,21 @@ class Comparison:
         return all(
             abs(self.ratio(t, m) - 1.0) <= tolerance for t in self.measured if t in self.predicted for m in METRICS
         )
+
+    def judge(self, tier: str, metric: str, tolerance: float = TOLERANCE) -> Judged:
+        measured = self.measured[tier].intervals.get(metric, Interval(0.0, math.inf))
+        error = self.ratio(tier, metric) - 1.0
+        interval = error_interval(getattr(self.predicted[tier], metric), measured)
+        return Judged(error, interval, verdict(error, interval, tolerance))
+
+    def verdicts(self, tolerance: float = TOLERANCE) -> dict[Verdict, int]:
+        """How many figures are within, within their CI only, and missed."""
+        out: dict[Verdict, int] = {"within": 0, "within its CI": 0, "miss": 0}
+        for tier in self.measured:
+            if tier in self.predicted:
+                for metric in METRICS:
+                    out[self.judge(tier, metric, tolerance).verdict] += 1
+        return out
 
 
 @dataclass
@@ -123,13 +155,24 @@ def measured_figures(records: Sequence[UsageRecord], *, start: float, window_s: 
         done_in_window = [r for r in mine if r.at < start + window_s]
         ttfts = [r.ttft_s for r in mine if r.ttft_s is not None]
         tpots = [r.tpot_s for r in mine if r.tpot_s is not None]
+        tokens = [float(r.completion_tokens) for r in done_in_window]
         out[tier] = TierFigures(
-            throughput_tok_s=sum(r.completion_tokens for r in done_in_window) / window_s,
+            throughput_tok_s=sum(tokens) / window_s,
             ttft_p50_s=percentile(ttfts, 0.5),
             ttft_p99_s=percentile(ttfts, 0.99),
             tpot_p50_s=percentile(tpots, 0.5),
             tpot_p99_s=percentile(tpots, 0.99),
             requests=len(mine),
+            intervals={
+                "throughput_tok_s": rate_interval(tokens, window_s),
+                **{f"ttft_p{round(q * 100)}_s": quantile_interval(ttfts, q) for q in (0.5, 0.99)},
+                **{f"tpot_p{round(q * 100)}_s": quantile_interval(tpots, q) for q in (0.5, 0.99)},
+            },
+            samples={
+                "throughput_tok_s": len(tokens),
+                **{f"ttft_p{p}_s": len(ttfts) for p in (50, 99)},
+                **{f"tpot_p{p}_s": len(tpots) for p in (50, 99)},
+            },
         )
     return out
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import matplotlib
@@ -13,6 +14,7 @@ import matplotlib.pyplot as plt
 from bench.markdown import fmt, pct, table
 from bench.policy.suite import CONTROLLER
 from bench.replay.check import METRICS, TOLERANCE, CheckResult
+from bench.replay.confidence import LEVEL
 from bench.replay.run import ReplayResult
 
 
@@ -172,17 +174,42 @@ def render_check(result: CheckResult, *, command: str) -> str:
         f"{TOLERANCE * 100:.0f} % of the measured one. Wall time of the whole check: {result.wall_s:.0f} s.",
         "",
     ]
+    lines += [
+        f"Each measured figure has its {LEVEL:.0%} confidence interval from its samples (n: TTFT and TPOT the "
+        "requests, throughput the requests finished in the window; `bench.replay.confidence`: order statistics for a "
+        "quantile, a compound Poisson sum for a throughput; ∞: too few samples for that side). A figure off by more "
+        f"than {TOLERANCE * 100:.0f} % is *within its CI* when some value in that interval would be within "
+        f"{TOLERANCE * 100:.0f} % (the samples cannot tell), a **miss** when none would be.",
+        "",
+    ]
     for comp in result.comparisons:
-        verdict_text = "all within" if comp.within() else "NOT all within"
-        lines += [f"## {comp.policy} ({comp.records} requests): {verdict_text} {TOLERANCE * 100:.0f} %", ""]
+        counts = comp.verdicts()
+        lines += [
+            f"## {comp.policy} ({comp.records} requests): {counts['within']} within {TOLERANCE * 100:.0f} %, "
+            f"{counts['within its CI']} more within their CI, {counts['miss']} missed",
+            "",
+        ]
         rows: list[list[object]] = []
         for tier, measured in comp.measured.items():
             predicted = comp.predicted.get(tier)
             if predicted is None:
                 continue
             for metric in METRICS:
-                ratio = comp.ratio(tier, metric)
-                ok = "yes" if abs(ratio - 1) <= TOLERANCE else "**no**"
-                rows.append([tier, metric, getattr(measured, metric), getattr(predicted, metric), pct(ratio - 1), ok])
-        lines += [table(["tier", "figure", "measured", "predicted", "error", "within"], rows), ""]
+                judged = comp.judge(tier, metric)
+                interval = measured.intervals.get(metric)
+                rows.append(
+                    [
+                        tier, metric, measured.samples.get(metric, "–"), getattr(measured, metric),
+                        _span(interval.lo, interval.hi, fmt) if interval else "–", getattr(predicted, metric),
+                        pct(judged.error), _span(judged.interval.lo, judged.interval.hi, pct),
+                        "**miss**" if judged.verdict == "miss" else judged.verdict,
+                    ]
+                )  # fmt: skip
+        header = ["tier", "figure", "n", "measured", f"{LEVEL:.0%} CI", "predicted", "error", "error CI", "verdict"]
+        lines += [table(header, rows), ""]
     return "\n".join(lines)
+
+
+def _span(lo: float, hi: float, show: Callable[[float], str]) -> str:
+    """``[lo, hi]``, an unbounded side as ∞ (−100 % is the error's bound below when the measured one is ∞)."""
+    return f"[{show(lo) if lo > -math.inf else '−∞'}, {show(hi) if hi < math.inf else '∞'}]"
