@@ -68,7 +68,7 @@ class SimRequest:
     ``num_cached_tokens``)."""
 
 
-@dataclass
+@dataclass(slots=True)
 class StepOutcome:
     duration_s: float
     k: int
@@ -258,13 +258,15 @@ class EngineCore:
     def step(self) -> StepOutcome:
         """Schedule, time and execute one engine iteration starting at ``now_s`` (which it does not advance)."""
         self.control.expire()
-        ready = sum(map(_DECODING, self._running))
+        running = self._running
+        ready = sum(map(_DECODING, running))
         k = min(self.control.k_for(ready), self.k_max) if ready and self.drafter_loaded else 0
         batch = _Batch(k=k, budget=self.max_num_batched_tokens)
-        self._schedule_running(batch)
-        if not batch.preempted:
+        if running:
+            self._schedule_running(batch)
+        if not batch.preempted and len(self._waiting):
             self._admit_waiting(batch)
-        prefill_tokens = sum(n for _, n in batch.prefill)
+        prefill_tokens = sum(n for _, n in batch.prefill) if batch.prefill else 0
         shape = StepShape(
             decode_seqs=len(batch.decode),
             k=k if batch.decode else 0,
@@ -277,42 +279,50 @@ class EngineCore:
         t = plan.time if plan is not None else step_time(self.profile, shape)
         end_s = self.now_s + t.total_s
         done = _Executed()
-        self._execute_decode(batch, end_s, done, plan)
-        new_prompt = self._execute_prefill(batch, end_s, done)
+        if batch.decode:
+            self._execute_decode(batch, end_s, done, plan)
+        new_prompt = self._execute_prefill(batch, end_s, done) if batch.prefill else 0
+        itl = self._stats.itl_s
         for last_s, count in done.gaps.items():
-            self._stats.itl_s.observe(end_s - last_s, count)
-        self._account(t.target_s, t.drafter_s, sum(done.emitted.values()), new_prompt)
+            itl.observe(end_s - last_s, count)
+        emitted = done.emitted
+        self._account(t.target_s, t.drafter_s, sum(emitted.values()), new_prompt)
         return StepOutcome(
-            duration_s=t.total_s,
-            k=shape.k,
-            decode_seqs=shape.decode_seqs,
-            prefill_tokens=prefill_tokens,
-            emitted=done.emitted,
-            finished=done.finished,
-            preempted=[s.req.request_id for s in batch.preempted],
-            target_s=t.target_s,
-            drafter_s=t.drafter_s,
+            t.total_s,
+            shape.k,
+            shape.decode_seqs,
+            prefill_tokens,
+            emitted,
+            done.finished,
+            [s.req.request_id for s in batch.preempted] if batch.preempted else [],
+            t.target_s,
+            t.drafter_s,
         )
 
     def _schedule_running(self, batch: _Batch) -> None:
         k, block = batch.k, KV_BLOCK_TOKENS
-        decode, prefill = batch.decode, batch.prefill
+        k1 = k + 1
+        decode, prefill, trimmed, preempted = batch.decode, batch.prefill, batch.trimmed, batch.preempted
         for seq in list(self._running):
             budget = batch.budget
             if budget <= 0:
                 break
-            if seq.blocks == 0 and seq in batch.preempted:
+            if seq.blocks == 0 and seq in preempted:
                 continue  # preempted earlier in this step to make room for a request ahead of it
-            n = (1 + k if budget > k else budget) if seq.decoding else min(seq.total - seq.computed, budget)
-            if (seq.computed + n + block - 1) // block > seq.blocks and not self._allocate(
-                seq, seq.computed + n, batch
-            ):
+            computed = seq.computed
+            if seq.decoding:
+                n = k1 if budget > k else budget
+            else:
+                n = seq.req.prompt_tokens + seq.output_tokens - computed
+                if n > budget:
+                    n = budget
+            if (computed + n + block - 1) // block > seq.blocks and not self._allocate(seq, computed + n, batch):
                 continue  # seq itself was the victim
             batch.budget -= n
             if seq.decoding:
                 decode.append(seq)
                 if n <= k:
-                    batch.trimmed[seq] = n - 1
+                    trimmed[seq] = n - 1
             else:
                 prefill.append((seq, n))
 
@@ -397,14 +407,19 @@ class EngineCore:
         hist = self._accepted_hist
         emitted, gaps, trimmed, k = done.emitted, done.gaps, batch.trimmed, batch.k
         drafts_total = draft_tokens = accepted_total = 0
+        verified = plan.verified if plan is not None else None
+        accepted_by_plan = plan.accepted if plan is not None else None
+        shift = _CONTEXT_BUCKET_SHIFT
         for index, seq in enumerate(batch.decode):
             drafts = trimmed.get(seq, k) if trimmed else k
             accepted = 0
             if drafts:
-                if plan is not None:
-                    drafts, accepted = plan.verified[index], plan.accepted[index]
+                if verified is not None and accepted_by_plan is not None:
+                    drafts, accepted = verified[index], accepted_by_plan[index]
                 else:
-                    self._refresh_acceptance(seq)
+                    bucket = (seq.computed + 1) >> shift
+                    if bucket != seq.bucket:
+                        seq.bucket, seq.probs, seq.mus = bucket, self._acceptance(seq.req.workload, bucket), ()
                     probs = seq.probs
                     while accepted < drafts and rand() < probs[accepted]:
                         accepted += 1
@@ -412,19 +427,20 @@ class EngineCore:
                 drafts_total += 1
                 draft_tokens += drafts
                 accepted_total += accepted
-            seq.computed += 1 + accepted
             out = 1 + accepted
+            seq.computed += out
             room = seq.max_tokens - seq.output_tokens
-            if out > room:
-                out = room
             last = seq.last_token_s
             gaps[last] = gaps.get(last, 0) + 1
             seq.last_token_s = end_s
-            seq.output_tokens += out
-            emitted[seq.rid] = out
-            if out == room:
+            if out >= room:
+                seq.output_tokens += room
+                emitted[seq.rid] = room
                 done.finished.append(seq.rid)
                 self._finish(seq, end_s)
+            else:
+                seq.output_tokens += out
+                emitted[seq.rid] = out
         st = self._stats
         st.num_drafts += drafts_total
         st.num_draft_tokens += draft_tokens
