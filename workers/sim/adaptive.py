@@ -44,6 +44,7 @@ from fleet.perf import Profile, StepShape, StepTime, step_time
 _PHI_INV = NormalDist().inv_cdf
 _SQRT2 = math.sqrt(2.0)
 _P_CLAMP = 1e-6
+_TWOPI = math.tau
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +108,11 @@ class AdaptiveVerifier:
         sigma2 = self.config.confidence_noise**2
         shrink = 1.0 / (1.0 + sigma2)
         scale = 1.0 / math.sqrt(sigma2 * shrink) if sigma2 > 0 else math.inf
-        gauss, noise, erf = rng.gauss, self.config.confidence_noise, math.erf
+        noise, erf = self.config.confidence_noise, math.erf
+        # rng.gauss inlined (CPython's Box-Muller with its cached second value, rng.gauss_next): the same draws
+        # in the same order as gauss(0.0, 1.0) and gauss(0.0, noise), without a Python call per draw.
+        rand, log, sqrt, cos, sin = rng.random, math.log, math.sqrt, math.cos, math.sin
+        spare: float | None = rng.gauss_next  # type: ignore[attr-defined]  # CPython's gauss cache, not typed
         verified: list[int] = []
         accepted: list[int] = []
         expected = float(n)
@@ -115,8 +120,23 @@ class AdaptiveVerifier:
             survive, v, acc, alive = 1.0, 0, 0, True
             for i in range(cap):
                 mu = mu_s[i]
-                eps = gauss(0.0, 1.0)
-                y_minus_mu = eps + gauss(0.0, noise) if noise > 0 else eps
+                if spare is None:
+                    x2pi = rand() * _TWOPI
+                    g2rad = sqrt(-2.0 * log(1.0 - rand()))
+                    eps = 0.0 + cos(x2pi) * g2rad * 1.0
+                    spare = sin(x2pi) * g2rad
+                else:
+                    eps, spare = 0.0 + spare * 1.0, None
+                if noise > 0:
+                    if spare is None:
+                        x2pi = rand() * _TWOPI
+                        g2rad = sqrt(-2.0 * log(1.0 - rand()))
+                        y_minus_mu = eps + (0.0 + cos(x2pi) * g2rad * noise)
+                        spare = sin(x2pi) * g2rad
+                    else:
+                        y_minus_mu, spare = eps + (0.0 + spare * noise), None
+                else:
+                    y_minus_mu = eps
                 z = (mu + y_minus_mu * shrink) * scale if sigma2 > 0 else (math.inf if mu + eps > 0 else -math.inf)
                 survive *= 0.5 * (1.0 + erf(z / _SQRT2))
                 if survive < threshold:
@@ -129,6 +149,7 @@ class AdaptiveVerifier:
                     alive = False
             verified.append(v)
             accepted.append(acc)
+        rng.gauss_next = spare  # type: ignore[attr-defined]
         time = self._time(shape, sum(verified), at_cap, at_zero)
         self.rate_tok_s = expected / time.total_s
         return VerifyPlan(verified, accepted, time, expected)
