@@ -16,11 +16,26 @@ and then masks ``draft_tokens[:, num_spec_tokens:] = -1``. What each speculator 
   step, ``_multi_step_decode`` drafts ``num_speculative_steps - 1`` more. The skip bounds the loop to k (at
   k = 0, the prefill pass only): 1 drafter forward instead of k_max at k = 0.
 
-Why DSpark keeps one block width: a narrower block needs its own FULL graph per width (``DFlashCudaGraphManager``
-is built for one ``decode_query_len = num_query_per_req``) and ``prepare_dflash_inputs`` takes the width as a
-compile-time constant, so k_max widths mean k_max graph sets and kernels. At batch ≤ 32 the block of ≤ 8 × 32
-tokens through a ~3.56 B drafter is bound by reading its weights, nearly flat in width: a narrower block saves
-little of the pass, so it does not pay; only k = 0 (no block) does.
+Why DSpark keeps one block width (read from ``dflash/speculator.py``, ``dflash/cudagraph.py``,
+``dspark/speculator.py``). The width is ``num_query_per_req`` (k_max for DSpark's anchor-as-first layout, k_max + 1
+for DFlash's), fixed at construction. ``prepare_dflash_inputs`` takes it as a runtime argument (not a
+``tl.constexpr``: no new kernel per width), but everything around the query forward is built for that one width:
+
+- ``DFlashCudaGraphManager`` is built with ``decode_query_len=num_query_per_req`` and ``propose`` dispatches with
+  ``uniform_token_count=self.num_query_per_req``: a narrower block finds no FULL graph and runs eager, unless the
+  manager captured a graph set per width (k_max sets: k_max × the capture time and graph memory);
+- the FULL graph also holds the decode's context-KV store ("the graph stores the first num_context context
+  rows") and DSpark's sequential Markov sampling over ``num_speculative_steps`` columns (``_step_cols``,
+  ``_anchor_idx`` strided by the width): both would need their per-width variants;
+- a drafter whose query block attends non-causally (``dflash_has_any_non_causal``, ``get_draft_attn_causal``)
+  drafts different tokens in a narrower block than in the first positions of the full one: the block it was
+  trained on is the one whose acceptance the profiles carry.
+
+Whether it would pay (ASSUMED, an estimate, not measured): the block's forward is B × k_max tokens through a
+~3.56 B drafter. At batch ≤ 32 that is bound by reading the drafter's weights, nearly flat in width; at B = 128,
+k_max = 7 it is ~2 × 3.56e9 × 896 ≈ 6.4 TFLOP over 8 GPUs, well under a millisecond against a K3 step of tens of
+milliseconds, so a narrower block would save at most ~1–2 % of a step at any k > 0, for k_max graph sets and a
+different draft distribution. It does not pay; only k = 0 (no block at all) does, and that is what the skip does.
 
 The target's forward is chosen before any of this (``execute_model``: ``self.cudagraph_manager.dispatch`` from
 the scheduler's k), so the skip never changes which graph the target replays.
