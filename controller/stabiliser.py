@@ -20,7 +20,10 @@ A pure step function ``stabilise(state, decision, estimate, now) -> (state, acti
    — a model that believes every k > 0 loses at a large batch would otherwise never be corrected there. The cost
    is bounded, not the prediction: probes of a neighbour predicted to lose ``L`` of goodput are spaced at least
    ``L · probe_s / probe_budget`` apart (and ``neighbour_probe_s``), so they spend at most ``probe_budget`` of
-   the predicted goodput; the reason names the prediction and the cost. Not on an adaptive worker (its engine
+   the predicted goodput; the reason names the prediction and the cost. A neighbour predicted to miss the TPOT
+   target is probed too when the TPOT averaged over the probe's interval (``probe_s`` there, the rest at the
+   current gear) still meets it (``Decision.tpot_target_s``): the miss is the model's prediction, which the probe
+   checks, and it lasts a few seconds of each request's life. Not on an adaptive worker (its engine
    explores under the cap itself). Holding a measured gear other than the tuned table's (``Basis.MEASURED``),
    the table's gear is probed the same way when its measurement is no longer fresh, so the evidence for leaving
    it is renewed at a bounded cost rather than remembered.
@@ -43,7 +46,7 @@ from enum import StrEnum
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from controller.estimator import Estimate
-from controller.policy import Basis, Decision, Risk
+from controller.policy import Basis, Candidate, Decision, Risk
 
 
 class StabiliserConfig(BaseModel):
@@ -231,14 +234,29 @@ def _neighbour_probe(
     sides = [gears[i] for i in (at - 1, at + 1) if 0 <= i < len(gears)]
     if decision.basis is Basis.MEASURED and decision.table_k in gears and decision.table_k != state.k:
         sides.append(decision.table_k)  # the evidence for leaving the table is renewed, not remembered
+    floor = cfg.min_dwell_s if state.climbing else cfg.neighbour_probe_s
+
+    def interval_for(c: Candidate) -> float:
+        loss = max(0.0, 1.0 - c.goodput_tok_s / cur.goodput_tok_s)
+        return max(floor, loss * cfg.probe_s / cfg.probe_budget)
+
+    def keeps_target(c: Candidate) -> bool:
+        """The TPOT over the probe's interval (``probe_s`` at ``c``, the rest at the current gear) meets the
+        target: a probe is a few seconds of a request's life, so a neighbour the model predicts just past the
+        target (a prediction, which the probe is there to check) is probed while the current gear has the slack."""
+        target = decision.tpot_target_s
+        if c.feasible or not cur.feasible or target is None:
+            return True
+        duty = min(cfg.probe_s / interval_for(c), 1.0)
+        return (1 - duty) * cur.tpot_worst_s + duty * c.tpot_worst_s <= target
+
     unmeasured = [c for k in set(sides) if not est.observed_gear(k) and (c := decision.candidate(k)) is not None]
-    unmeasured = [c for c in unmeasured if c.feasible or not cur.feasible]
+    unmeasured = [c for c in unmeasured if keeps_target(c)]
     if not unmeasured:
         return None
     pick = max(unmeasured, key=lambda c: (c.goodput_tok_s, c.k))
     loss = max(0.0, 1.0 - pick.goodput_tok_s / cur.goodput_tok_s)
-    floor = cfg.min_dwell_s if state.climbing else cfg.neighbour_probe_s
-    interval = max(floor, loss * cfg.probe_s / cfg.probe_budget)
+    interval = interval_for(pick)
     if now - state.last_neighbour_probe_s < interval:
         return None
     why = (

@@ -276,3 +276,34 @@ def test_a_neighbour_probe_ends_on_one_of_the_two_gears_it_compared(lab_profile:
     assert (a.k, a.kind) == (1, ActionKind.PROBE)
     _, end = stabilise(probing, decision(3, gain=0.2, goodput=goodput), replace(est, k_current=1), 45.0, CFG)
     assert (end.k, end.kind) == (0, ActionKind.PROBE_END)
+
+
+def _tpot_decision(k: int, tpot_ms: dict[int, float], target_ms: float) -> Decision:
+    """Candidates with the given slowest-class TPOT (goodput B / TPOT at one batch), feasible as the policy says."""
+    cands = tuple(
+        Candidate(kk, 0.01, 0.009, 0.001, 1.0, 512 / (t * 1e-3), t * 1e-3, feasible=t <= target_ms, allowed=True)
+        for kk, t in tpot_ms.items()
+    )
+    return Decision(
+        "w0", k, cands, overloaded=False, risk=Risk.NONE, gain=0.0, reason="t", tpot_target_s=target_ms * 1e-3
+    )
+
+
+def test_a_neighbour_predicted_just_past_the_tpot_target_is_probed_when_the_interval_still_meets_it(
+    lab_profile: Profile,
+) -> None:
+    """Issue 25 (robustness grid, MI355X believed on B300 workers at 512 streams): the wrong model predicts k = 3
+    1.4 % past the TPOT target, so its neighbour probe never ran and k = 2 was held, 9 % below k = 3 measured. A
+    probe is short: what it must keep is the TPOT averaged over its interval (probe_s at the neighbour, the rest at
+    the current gear), not the neighbour's own prediction."""
+    est = make_estimate(lab_profile, k_current=2, batch=509.0, fresh_gears=(1, 2))
+    now = CFG.neighbour_probe_s + 1.0
+    d = _tpot_decision(2, {1: 54.0, 2: 47.5, 3: 50.7}, 50.0)
+    _, a = stabilise(initial_state(2, 0.0), d, est, now, CFG)
+    assert (a.k, a.kind) == (3, ActionKind.PROBE)
+    tight = _tpot_decision(2, {1: 54.0, 2: 49.9, 3: 50.7}, 50.0)  # no slack left at the current gear
+    _, b = stabilise(initial_state(2, 0.0), tight, est, now, CFG)
+    assert b.kind is ActionKind.HOLD
+    far = _tpot_decision(2, {1: 54.0, 2: 47.5, 3: 80.0}, 50.0)  # the interval's mean would miss it
+    _, c = stabilise(initial_state(2, 0.0), far, est, now, CFG)
+    assert c.kind is ActionKind.HOLD
