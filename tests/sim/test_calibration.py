@@ -6,7 +6,9 @@ predicted, and every profile keeps predicted figures whose checks can fail."""
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -17,10 +19,13 @@ from gearshift.cli.sim import sim_app as app
 from workers.sim.arrivals import Lengths, WorkloadMix
 from workers.sim.crossover import BestKRow, CrossoverRow, best_k_rows, crossover_rows
 from workers.sim.figure_files import (
+    AcceptanceLengthFigure,
     BenchmarkFigures,
     BestKFigure,
+    FiguresFile,
     LaunchReference,
     ServingSweepFigure,
+    SingleStreamFigure,
     StepTimeFigure,
     figures_path,
     load_figures_file,
@@ -319,3 +324,84 @@ def test_every_profile_parameter_says_whether_it_is_physical_or_fitted(name: str
         if not any(marker in note for marker in ("PHYSICAL", "FITTED", "ASSUMED")):
             undocumented.append(key)
     assert not undocumented, f"profile parameters without a PHYSICAL/FITTED/ASSUMED note: {undocumented}"
+
+
+def _perturbed(profile: Profile, section: str, key: str, change: Callable[[Any], Any]) -> Profile:
+    data = profile.model_dump(mode="json")
+    data[section][key] = change(data[section][key])
+    return Profile.model_validate(data)
+
+
+def _only(profile: Profile, kind: type) -> FiguresFile:
+    """The profile's figures of one kind (the launch figures: the single-stream one), to simulate just those."""
+    if kind is SingleStreamFigure:
+        seed = load_seed_figures()
+        return seed.model_copy(update={"figures": tuple(f for f in seed.figures if isinstance(f, kind))})
+    figures = load_figures_file(figures_path(profile))
+    assert isinstance(figures, BenchmarkFigures)
+    return figures.model_copy(update={"figures": tuple(f for f in figures.figures if isinstance(f, kind))})
+
+
+def _no_fourth_draft(chat: dict[str, Any]) -> dict[str, Any]:
+    return {**chat, "base": [*chat["base"][:3], 0.0, *chat["base"][4:]]}
+
+
+def _no_third_draft(chat: dict[str, Any]) -> dict[str, Any]:
+    return {**chat, "base": [*chat["base"][:2], 0.0, 0.0, *chat["base"][4:]]}
+
+
+PERTURBATIONS: dict[tuple[str, str], tuple[str, str, Callable[[Any], Any], type]] = {
+    # a fixed step cost 25 % higher: the B300 fit's value moved
+    (DEFAULT, "single_stream_math: k=0"): ("target", "step_overhead_s", lambda v: v * 1.25, SingleStreamFigure),
+    # 20 × the drafter's (ASSUMED) cost per draft position
+    (MI355X, "serving_sweep: concurrency 8, random 1024/128, k=7"): (
+        "drafter", "per_position_s", lambda v: v * 20, ServingSweepFigure,
+    ),
+    # ten times the KDA state (the existing test's perturbation)
+    (B300, "step_time: batch 8, collapsed"): ("target", "state_bytes_per_seq", lambda v: v * 10, StepTimeFigure),
+    # the 4th draft never accepted: the only way the k = 4 check fails (the bracket test below); on the B300 (k = 3
+    # simulated at 3.02, so k = 4 at −10.0 % with no 4th draft) not even that: the 3rd must go too (k = 3 fails)
+    **{
+        (name, "acceptance_length: k=4"): ("acceptance", "chat", _no_fourth_draft, AcceptanceLengthFigure)
+        for name in (DEFAULT, MI355X)
+    },
+    (B300, "acceptance_length: k=4"): ("acceptance", "chat", _no_third_draft, AcceptanceLengthFigure),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", PROFILES)
+def test_each_predicted_figure_fails_on_a_profile_perturbed_for_it(name: str) -> None:
+    """Every asserted predicted figure of every profile has a perturbation that makes its check fail: none is a
+    check that cannot fail. The ratio at MI355X concurrency 8 falls with its DSpark figure (the same step)."""
+    predicted = [r.figure for r in simulated(name) if r.role == "predicted" and r.asserted]
+    cases = {prefix: case for (profile, prefix), case in PERTURBATIONS.items() if profile == name}
+    profile = load_profile(name)
+    for figure in predicted:
+        (prefix,) = [p for p in cases if figure.startswith(p)] or [""]
+        assert prefix, f"{name}: no perturbation for the predicted figure {figure!r}"
+        section, key, change, kind = cases[prefix]
+        results = {
+            r.figure: r for r in simulate_figures(_perturbed(profile, section, key, change), _only(profile, kind))
+        }
+        assert results[figure].passed is False, f"{name}: {figure} still passes with {key} changed"
+
+
+def test_the_k4_acceptance_check_is_bracketed_by_the_fitted_k3_and_k7() -> None:
+    """Weak, and said so (docs/guide/simulator.md): for ANY acceptance curve, the tokens per step L(k) = 1 + P₁ + … +
+    P_k with P_i (the first i drafts accepted) non-increasing, so L(4) − L(3) = P₄ ≤ P₃ = L(3) − L(2) and
+    L(7) − L(4) ≤ 3 P₄. A class that reproduces the fitted 2.51, 3.00, 3.84 exactly has L(4) in [3.21, 3.49]:
+    inside 3.36 ± 10 %. Only a 4th draft that is (almost) never accepted fails it, and then k = 7 fails too."""
+    figures = load_figures_file(figures_path(PROFILE))
+    assert isinstance(figures, BenchmarkFigures)
+    (fig,) = [f for f in figures.figures if isinstance(f, AcceptanceLengthFigure)]
+    length = {p.k: p.acceptance_length for p in fig.points}
+    roles = {p.k: p.role for p in fig.points}
+    assert roles == {2: "fitted", 3: "fitted", 7: "fitted", 4: "predicted"}
+    lo = (length[7] + 3 * length[3]) / 4
+    hi = length[3] + (length[3] - length[2])
+    assert (round(lo, 2), round(hi, 2)) == (3.21, 3.49)
+    band = (length[4] * (1 - fig.tolerance), length[4] * (1 + fig.tolerance))
+    assert band[0] < lo < hi < band[1], "implied by the fitted figures"
+    perturbed = {r.figure: r for r in simulate_figures(_perturbed(PROFILE, "acceptance", "chat", _no_fourth_draft),
+                                                        _only(PROFILE, AcceptanceLengthFigure))}  # fmt: skip
+    assert perturbed["acceptance_length: k=7, chat"].passed is False, "k = 4 fails only with k = 7"
