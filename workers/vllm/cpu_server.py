@@ -9,7 +9,7 @@ import subprocess
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -124,6 +124,55 @@ def stop_group(proc: subprocess.Popen[bytes], *, timeout_s: float) -> None:
         proc.wait(timeout=timeout_s)
 
 
+@dataclass(frozen=True)
+class ServerSpec:
+    """One server for ``running_servers``: its command, URL, log and environment over the plan's."""
+
+    plan: LaunchPlan
+    url: str
+    log_path: Path
+    extra_env: Mapping[str, str] = field(default_factory=dict)
+
+
+def _spawn(spec: ServerSpec) -> subprocess.Popen[bytes]:
+    if not VLLM_PYTHON.exists():
+        raise ServerStartError(f"{VLLM_PYTHON} is missing: run scripts/vllm-env.sh first")
+    env = {**os.environ, **spec.plan.env, **spec.extra_env}
+    with spec.log_path.open("wb") as log:
+        return subprocess.Popen(
+            list(spec.plan.argv), stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT, start_new_session=True
+        )
+
+
+@contextmanager
+def running_servers(
+    specs: Mapping[str, ServerSpec], *, ready_timeout_s: float = 150.0, stop_timeout_s: float = 20.0
+) -> Iterator[dict[str, RunningServer]]:
+    """Start every server of ``specs`` at once, each in its own process group, wait until each answers
+    ``/health`` (``ready_timeout_s`` from the start, for each), and stop every group on exit. Starting them
+    together costs the longest start-up, not their sum."""
+    started = time.monotonic()
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    try:
+        for name, spec in specs.items():
+            procs[name] = _spawn(spec)
+        servers = {}
+        for name, spec in specs.items():
+            left = max(1.0, ready_timeout_s - (time.monotonic() - started))
+            wait_healthy(spec.url, procs[name], timeout_s=left, log_path=spec.log_path)
+            servers[name] = RunningServer(
+                url=spec.url, pid=procs[name].pid, ready_after_s=time.monotonic() - started, log_path=spec.log_path
+            )
+        yield servers
+    finally:
+        for proc in procs.values():  # every group told first, so they stop together
+            if proc.poll() is None:
+                with suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGTERM)
+        for proc in procs.values():
+            stop_group(proc, timeout_s=stop_timeout_s)
+
+
 @contextmanager
 def running_server(
     plan: LaunchPlan,
@@ -135,16 +184,6 @@ def running_server(
     extra_env: Mapping[str, str] | None = None,
 ) -> Iterator[RunningServer]:
     """Start ``plan`` in its own process group, wait for ``/health``, and stop the whole group on exit."""
-    if not VLLM_PYTHON.exists():
-        raise ServerStartError(f"{VLLM_PYTHON} is missing: run scripts/vllm-env.sh first")
-    env = {**os.environ, **plan.env, **(extra_env or {})}
-    started = time.monotonic()
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(
-            list(plan.argv), stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT, start_new_session=True
-        )
-    try:
-        wait_healthy(url, proc, timeout_s=ready_timeout_s, log_path=log_path)
-        yield RunningServer(url=url, pid=proc.pid, ready_after_s=time.monotonic() - started, log_path=log_path)
-    finally:
-        stop_group(proc, timeout_s=stop_timeout_s)
+    spec = ServerSpec(plan, url, log_path, extra_env or {})
+    with running_servers({"": spec}, ready_timeout_s=ready_timeout_s, stop_timeout_s=stop_timeout_s) as servers:
+        yield servers[""]

@@ -42,6 +42,9 @@ budget or synthetic acceptance):
   request's drafts to the empty list they already had.
 
 Model Runner V2 does this already (``sample``: the plain sampler when ``input_batch.num_draft_tokens == 0``).
+
+The ablation ``GEARSHIFT_IDLE_DRAFTER=skip-no-catch-up`` (``CATCH_UP_ATTR`` False on the runner class) skips as
+above but records nothing for the catch-up: the acceptance check shows what the drafter's hole costs.
 """
 
 from __future__ import annotations

@@ -5,7 +5,9 @@ Three servers of the same tiny model, command and load: ``plain`` started withou
 ``stock`` with speculation and the skip off (``GEARSHIFT_IDLE_DRAFTER=stock``: vLLM's own k = 0), ``skip`` with
 it on. Both speculating servers are set to k = 0. Each round runs one batch per batch size on every server, the
 order rotating each round, so load from other work on the machine falls on all three alike; a server's tax is
-the median over rounds of its time per token over ``plain``'s in the same round (``TaxResult``).
+the median over rounds of its time per token over ``plain``'s in the same round (``TaxResult``), given with the
+distribution-free 95 % confidence interval of that median (``measure.median_interval``, from 6 rounds), in wall
+time and in CPU time of the server's processes (exact per-thread run time, ``measure.process_group_cpu_seconds``).
 
 Acceptance: ``requests`` greedy streams of ``max_tokens`` tokens each; once every stream has half its tokens,
 counters are read, and for the "left" run k goes from 0 to k_max at that moment; the window is from then to the
