@@ -175,7 +175,7 @@ def render_check(result: CheckResult, *, command: str) -> str:
         "",
     ]
     lines += [
-        f"Each measured figure has its {LEVEL:.0%} confidence interval from its samples (n: TTFT and TPOT the "
+        f"Each measured figure has its {LEVEL * 100:.0f} % confidence interval from its samples (n: TTFT and TPOT the "
         "requests, throughput the requests finished in the window; `bench.replay.confidence`: order statistics for a "
         "quantile, a compound Poisson sum for a throughput; ∞: too few samples for that side). A figure off by more "
         f"than {TOLERANCE * 100:.0f} % is *within its CI* when some value in that interval would be within "
@@ -205,7 +205,8 @@ def render_check(result: CheckResult, *, command: str) -> str:
                         "**miss**" if judged.verdict == "miss" else judged.verdict,
                     ]
                 )  # fmt: skip
-        header = ["tier", "figure", "n", "measured", f"{LEVEL:.0%} CI", "predicted", "error", "error CI", "verdict"]
+        ci = f"{LEVEL * 100:.0f} % CI"
+        header = ["tier", "figure", "n", "measured", ci, "predicted", "error", "error CI", "verdict"]
         lines += [table(header, rows), ""]
     return "\n".join(lines)
 

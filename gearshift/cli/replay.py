@@ -255,7 +255,8 @@ def replay_check(
     path = out / "replay-check.md"
     path.write_text(render_check(result, command=command) + "\n")
     for comp in result.comparisons:
-        console.print(f"{comp.policy}: {'within' if comp.within() else 'NOT within'} 15 % on every tier and figure")
+        n = comp.verdicts()
+        console.print(f"{comp.policy}: {n['within']} within 15 %, {n['within its CI']} within their CI, {n['miss']} missed")
     console.print(f"wrote {path} in {result.wall_s:.0f} s")
 
 
