@@ -256,7 +256,8 @@ def replay_check(
     path.write_text(render_check(result, command=command) + "\n")
     for comp in result.comparisons:
         n = comp.verdicts()
-        console.print(f"{comp.policy}: {n['within']} within 15 %, {n['within its CI']} within their CI, {n['miss']} missed")
+        counts = f"{n['within']} within 15 %, {n['within its CI']} within their CI, {n['miss']} missed"
+        console.print(f"{comp.policy}: {counts}")
     console.print(f"wrote {path} in {result.wall_s:.0f} s")
 
 
