@@ -6,7 +6,8 @@ A pure step function ``stabilise(state, decision, estimate, now) -> (state, acti
 2. **No data yet**: hold.
 3. **Probe** in progress: hold at k_max for ``probe_s``, then take the policy's (now informed) k; a risk aborts it.
    A neighbour probe (5b) ends on the better of the two gears it compared (the policy's k when it is one of
-   them, else the gear it left): a different k the policy wants then goes through the normal path's hysteresis.
+   them, else the one with more goodput, both now measured): a different k the policy wants then goes through the
+   normal path's hysteresis.
 4. **Fast down**: when the policy flags a risk (KV, preemptions, acceptance collapse, a missed TPOT target) and
    wants a lower k, switch at once, ignoring dwell. A collapse schedules a re-probe after ``collapse_reprobe_s``.
 5. **Probe due**: every ``probe_interval_s`` below k_max, if the policy predicts k_max costs at most
@@ -176,7 +177,7 @@ def stabilise(
             return _hold(state, f"probing k={state.k} until acceptance beyond the old k is measured")
         k = decision.k
         if state.neighbour_probing and k not in (state.k, state.probe_from):
-            k = state.probe_from  # a neighbour probe compares two gears: any other move takes the normal path
+            k = _better(decision, state.k, state.probe_from)  # any other move takes the normal path from there
         new, action = _switch(state, k, now, ActionKind.PROBE_END, f"probe done: {decision.reason}")
         if state.neighbour_probing and k == state.k:  # the neighbour measured better: keep climbing
             new = replace(new, climbing=True)
@@ -190,6 +191,13 @@ def stabilise(
     if probe is not None:
         return probe
     return _normal(state, decision, now, cfg)
+
+
+def _better(decision: Decision, probed: int, left: int) -> int:
+    """The gear of the two a neighbour probe compared with more goodput in ``decision`` (``left`` on a tie, or
+    when either is not a candidate)."""
+    a, b = decision.candidate(probed), decision.candidate(left)
+    return probed if a is not None and b is not None and a.goodput_tok_s > b.goodput_tok_s else left
 
 
 def _probe(

@@ -307,3 +307,19 @@ def test_a_neighbour_predicted_just_past_the_tpot_target_is_probed_when_the_inte
     far = _tpot_decision(2, {1: 54.0, 2: 47.5, 3: 80.0}, 50.0)  # the interval's mean would miss it
     _, c = stabilise(initial_state(2, 0.0), far, est, now, CFG)
     assert c.kind is ActionKind.HOLD
+
+
+def test_a_neighbour_probe_that_measured_better_ends_there_though_the_policy_wants_a_third_gear(
+    lab_profile: Profile,
+) -> None:
+    """Issue 25 (robustness grid, MI355X believed on B300 workers, a batch draining 512 -> 64): the probe of k = 1
+    measured 86 % above k = 0, the policy then wanted k = 2, and the worker went back to k = 0, the worse of the two
+    gears the probe compared, for another 10 s. It ends on the better of the two, and keeps climbing."""
+    goodput = {0: 1598.0, 1: 2978.0, 2: 3301.0}
+    est = make_estimate(lab_profile, k_current=0, batch=200.0, fresh_gears=(0,))
+    probing, a = stabilise(initial_state(0, 0.0), decision(0, gain=0.0, goodput=goodput), est, 40.0, CFG)
+    assert (a.k, a.kind) == (1, ActionKind.PROBE)
+    ended, end = stabilise(probing, decision(2, gain=0.1, goodput=goodput), replace(est, k_current=1), 45.0, CFG)
+    assert end.k == 1
+    assert ended.probe_until_s is None
+    assert ended.climbing
