@@ -282,12 +282,13 @@ def score_pools(inp: PlannerInput, loads: Sequence[ClassLoad], pools: Sequence[P
 
 def _assign(inp: PlannerInput, specs: Sequence[PoolSpec]) -> tuple[list[list[str]], tuple[str, ...]] | None:
     """Workers for each pool of ``specs``, keeping each worker's drafter mode where it can: a pool takes the workers
-    already in its mode first, then movable workers of the other mode (None when too few may move)."""
+    already in its mode first, those that may not move before those that may (a worker that may not restart can
+    serve only a pool of its own mode), then movable workers of the other mode (None when too few may move)."""
     free = list(inp.workers)
     out: list[list[str]] = [[] for _ in specs]
     moves: list[str] = []
     for i, spec in enumerate(specs):
-        same = [w for w in free if inp.modes.get(w, "loaded") == spec.drafter]
+        same = sorted((w for w in free if inp.modes.get(w, "loaded") == spec.drafter), key=lambda w: w in inp.movable)
         out[i] = same[: spec.size]
         free = [w for w in free if w not in out[i]]
     for i, spec in enumerate(specs):

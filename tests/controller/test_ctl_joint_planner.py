@@ -168,3 +168,15 @@ def test_the_drafter_free_part_takes_the_off_tier_and_less_of_the_rest() -> None
     assert sum(per_pool) == chat.rate_req_s + off.rate_req_s
     assert per_pool[0] / 2 == per_pool[1], "every worker at the same request rate"
     assert {c.name: r for c, r in rates[1]}[chat.name] < chat.rate_req_s / 3, "less than its worker share"
+
+
+def test_a_worker_that_may_not_move_fills_a_pool_of_its_own_mode_first() -> None:
+    """A worker that may not restart (``allow_drafter_free: false``) coming last in the fleet was left over after the
+    shared pool took the first three, as the only worker to move, so every drafter-free candidate was dropped
+    (found by the live test, 4 workers, w3 unmovable); with w0 unmovable they were all there."""
+    for fixed in WORKERS:
+        movable = tuple(w for w in WORKERS if w != fixed)
+        cands = candidates(_input(_random(8.0), movable=movable), LONG)
+        with_free = [c for c in cands if any(p.drafter == "off" for p in c.pools)]
+        assert with_free, f"no drafter-free candidate with {fixed} unmovable"
+        assert all(fixed not in c.moves for c in cands)
