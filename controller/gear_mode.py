@@ -32,6 +32,10 @@ from fleet.worker_mode import Mode, Phase, WorkerMode, read_modes, write_mode
 
 log = logging.getLogger("gearshift.controller.gears")
 
+NOT_BACK = "restart not back"
+"""How the reason of a record given up after its restart begins: the worker serves in the mode it was last seen in,
+which its restart control will confirm or correct once it answers (``GearModes._verify``)."""
+
 
 class RestartError(RuntimeError):
     """A restart call failed (no answer, or a refusal)."""
@@ -153,6 +157,8 @@ class GearModes:
             mode = self.modes.get(wid)
             if mode is not None and mode.phase is not Phase.SERVING:
                 await self._advance(mode, obs, now)
+            elif mode is not None and mode.reason.startswith(NOT_BACK):
+                await self._verify(mode, now)
         await self._plan(seen, now)
 
     def export(self, metrics: ControllerMetrics) -> None:
@@ -272,11 +278,11 @@ class GearModes:
             state = await self.restarter.state(self.workers[mode.worker_id])
         except RestartError as exc:  # down: a supervisor may be between processes, or gone
             if took > timeout_s:
-                await self._serve_as_before(mode, now, f"restart not back after {took:.0f} s ({exc})", restarted=True)
+                await self._serve_as_before(mode, now, f"{NOT_BACK} after {took:.0f} s ({exc})", restarted=True)
             return
         if state.restarting:
             if took > timeout_s:
-                reason = f"restart not back after {took:.0f} s (still restarting)"
+                reason = f"{NOT_BACK} after {took:.0f} s (still restarting)"
                 await self._serve_as_before(mode, now, reason, restarted=True)
             return
         assert mode.target is not None
@@ -304,6 +310,24 @@ class GearModes:
                 reason=f"restarted {mode.target.value} in {took:.0f} s",
             )
         )
+
+    async def _verify(self, mode: WorkerMode, now: float) -> None:
+        """A worker given up after its restart: once its restart control answers again, its record takes the mode
+        the control reports (the restart may have taken after all). Read from the record, so a new leader
+        verifies too; until the control answers, the worker serves in the mode it was last seen in."""
+        try:
+            state = await self.restarter.state(self.workers[mode.worker_id])
+        except RestartError:
+            return
+        if state.restarting:
+            return
+        reported = Mode.DRAFTER if state.drafter else Mode.DRAFTER_FREE
+        reason = f"its restart control answers again and reports {reported.value}"
+        update: dict[str, object] = {"mode": reported, "since": now, "reason": reason}
+        if reported is not mode.mode:
+            log.warning("worker %s: %s (the record said %s)", mode.worker_id, reason, mode.mode.value)
+            update["mode_since"] = now
+        await self._write(mode.model_copy(update=update))
 
     async def _serve_as_before(self, mode: WorkerMode, now: float, reason: str, *, restarted: bool = False) -> None:
         """Serving again in the mode it was last seen in. ``restarted``: a restart was asked for and has not been

@@ -33,12 +33,14 @@ class BrokenRestarts:
         self.vanish = vanish
         self.calls: list[str] = []
         self.back_at: dict[str, float] = {}
+        self.drafter = True
+        """The mode it reports once it answers."""
 
     async def state(self, worker: WorkerConfig) -> RestartState:
         back_at = self.back_at.get(worker.id)
         if back_at is not None and self.vanish:
             raise RestartError("connection refused")
-        return RestartState(drafter=True, restarting=back_at is not None and self.clock.wall() < back_at)
+        return RestartState(drafter=self.drafter, restarting=back_at is not None and self.clock.wall() < back_at)
 
     async def restart(self, worker: WorkerConfig, *, drafter: bool, reason: str) -> RestartState:
         self.calls.append(worker.id)
@@ -78,3 +80,30 @@ async def test_the_next_planned_worker_moves_after_a_failed_restart(vanish: bool
     failed = g.modes["w0"]
     assert (failed.mode, failed.phase) == (Mode.DRAFTER, Phase.SERVING), "w0 serves as before meanwhile"
     assert clock.wall() - failed.mode_since < CONFIG.min_dwell_s, "its dwell counts from the failed restart"
+
+
+async def test_a_worker_given_up_takes_the_mode_its_restart_control_reports_once_it_answers_again() -> None:
+    """The restart control stopped answering after it took the restart, and the restart did take: the worker
+    serves drafter-free while its record still says drafter (the controller gave up before it could know). Once the
+    control answers again, the record follows what it reports, so ``off`` requests may use the worker and the plan
+    no longer restarts it into the mode it is already in."""
+    clock = ManualClock()
+    restarter = BrokenRestarts(clock, vanish=True)
+    g = _gears(clock, restarter)
+    for _ in range(int((CONFIG.min_dwell_s + 8 * RESTART_S) / TICK_S)):
+        await _tick(g, clock)
+        if restarter.calls and g.phase("w0") is Phase.SERVING:
+            break
+    given_up = g.modes["w0"]
+    assert (given_up.mode, given_up.phase) == (Mode.DRAFTER, Phase.SERVING), given_up
+    await _tick(g, clock)
+    assert g.modes["w0"].mode is Mode.DRAFTER, "nothing to go by while the control is away"
+    restarter.vanish, restarter.drafter = False, False  # back, and the restart had taken
+    await _tick(g, clock)
+    back = g.modes["w0"]
+    assert (back.mode, back.phase) == (Mode.DRAFTER_FREE, Phase.SERVING), back
+    assert "reports" in back.reason
+    calls = len(restarter.calls)
+    for _ in range(int(2 * CONFIG.min_dwell_s / TICK_S)):
+        await _tick(g, clock)
+    assert restarter.calls[calls:].count("w0") == 0, "the plan's drafter-free move is done: no restart of w0"
