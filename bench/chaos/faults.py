@@ -51,6 +51,8 @@ class Fault:
     heal: Step
     store_lost: bool = False
     """The store (or the part holding some tenant's keys) does not answer for a while: the outage bounds apply."""
+    stack: str = "main"
+    """The stack configuration it runs on: ``main``, or ``restarts`` (``bench.chaos.restarts``)."""
 
 
 def _cluster_ok(stack: ChaosStack) -> bool:
@@ -221,30 +223,25 @@ FAULTS: tuple[Fault, ...] = (
 FAST: tuple[str, ...] = ("redis-master", "worker-kill", "garbage-worker", "gateway-kill", "disconnects")
 """The CI subset (``--fast``)."""
 
-NOT_INJECTED: tuple[tuple[str, str], ...] = (
-    (
-        "supervisor restart fails / supervisor unreachable",
-        "a restart is the controller's decision, and this stack never takes one: its controllers run with the "
-        "drafter-free gear off (GEARSHIFT_DRAFTER_FREE__ENABLED unset, the default), and turned on it would not move "
-        "within a run: the simulated workers serve the restart API themselves (no CPU vLLM needed) but their profile "
-        "(kimi-k3-dspark-tp16) restarts in restart_s = 600 s (wall seconds at the bench's speedup 1), a move is "
-        "proposed only after k = 0 has been wanted for dwell_factor x restart_s (10 x 600 s) and its gain beats its "
-        "cost, and a failed restart is given up after restart_timeout_factor x restart_s (3 x 600 s). Forcing one "
-        "needs a second stack configuration (one worker on a profile restarting in seconds, with a sim mode whose "
-        "restart comes back in the old mode or whose restart route refuses; the controllers with the gear on, dwell "
-        "1, min dwell 0, every other worker forbidden; a load where k = 0 wins) under which the other faults must "
-        "not run: a separate run, not two more rows of this matrix. Covered in virtual time by "
-        "tests/reliability/test_rel_gear_restart.py (issue 23 defect 1: fallback and unreachable supervisor).",
-    ),
-)
+NOT_INJECTED: tuple[tuple[str, str], ...] = ()
+"""Faults of issue 23's matrix that this bench cannot inject, with why (none: the supervisor's restart failing and
+the supervisor unreachable run on a stack of their own, ``bench.chaos.restarts``)."""
+
+
+def all_faults() -> tuple[Fault, ...]:
+    """The main stack's matrix, then the restart faults (their own stack, ``bench.chaos.restarts``)."""
+    from bench.chaos.restarts import RESTART_FAULTS  # it builds on this module
+
+    return FAULTS + RESTART_FAULTS
 
 
 def by_name(names: list[str] | None) -> list[Fault]:
     """The faults named (all when None), in matrix order; a KeyError names an unknown one."""
+    every = all_faults()
     if names is None:
-        return list(FAULTS)
-    known = {f.name: f for f in FAULTS}
+        return list(every)
+    known = {f.name: f for f in every}
     unknown = [n for n in names if n not in known]
     if unknown:
         raise KeyError(f"unknown fault(s) {', '.join(unknown)}; known: {', '.join(known)}")
-    return [f for f in FAULTS if f.name in names]
+    return [f for f in every if f.name in names]

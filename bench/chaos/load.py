@@ -53,12 +53,12 @@ class _Disconnect(Exception):
 PROMPT_WORDS = 12
 
 
-def body(max_tokens: int) -> dict[str, object]:
+def body(max_tokens: int, model: str = MODEL) -> dict[str, object]:
     """The chat body the clients send: one fixed prompt (so the gateway's estimate of it is known), exactly
     ``max_tokens`` tokens back."""
     prompt = " ".join(["chaos"] * PROMPT_WORDS)
     return {
-        "model": MODEL,
+        "model": model,
         "messages": [{"role": "user", "content": prompt}],
         "max_tokens": max_tokens,
         "ignore_eos": True,
@@ -80,6 +80,7 @@ class Load:
     """Replicas the clients skip now (a restart in progress, or a kill noticed)."""
     disconnect_share: float = 0.0
     """Share of the streams that start now which the client drops after the first token."""
+    model: str = MODEL
     sent: list[Sent] = field(default_factory=list)
 
     async def run(self, stop: asyncio.Event, *, deadline_s: float) -> None:
@@ -113,7 +114,7 @@ class Load:
                 if drop and r.content_events >= 1:
                     raise _Disconnect
 
-            req = body(group.max_tokens)
+            req = body(group.max_tokens, self.model)
             try:
                 result = await stream_chat(
                     session, self.urls[gateway], key=key, body=req, timeout_s=self.request_timeout_s,

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from bench.chaos.faults import NOTICE_S
 from bench.chaos.measure import intended
+from bench.chaos.restarts import RELAXED_TPOT_S, RESTART_S, TIGHT_TPOT_S, WORKLOAD
 from bench.chaos.run import ChaosResult, FaultResult
 from bench.markdown import fmt, table
 from bench.soak.report import Check
@@ -97,6 +98,7 @@ def render(result: ChaosResult, *, command: str) -> str:
         f"and a budget sized from the warm-up's cost per request, {result.request_cost_usd:.2e} USD, to run out "
         "during the fault).",
         "",
+        *_restarts_paragraph(result),
         "## Invariants",
         "",
         table(
@@ -175,10 +177,31 @@ def render(result: ChaosResult, *, command: str) -> str:
         "",
         "## Not injected here",
         "",
-        table(["fault", "why"], [list(row) for row in result.not_injected]),
+        table(["fault", "why"], [list(row) for row in result.not_injected]) if result.not_injected else "None.",
         "",
     ]
     return "\n".join(lines)
+
+
+def _restarts_paragraph(result: ChaosResult) -> list[str]:
+    """What the restart faults' own stack is, when they ran (``bench.chaos.restarts``)."""
+    ran = [r.fault.name for r in result.results if r.fault.stack == "restarts"]
+    if not ran:
+        return []
+    return [
+        f"The restart faults ({', '.join(ran)}) run on a stack of their own (after the main one when both run): the "
+        "same processes, with the drafter-free gear on in the controllers (moves by the fleet plan only; a failed "
+        "restart's worker kept from moving for a 20 s minimum dwell), four workers at speed-up 1 on the K3 profile "
+        f"changed for it (a {RESTART_S:g} s restart, a costly drafter, a `{WORKLOAD}` workload that accepts ~2 % "
+        "of its drafts) as two models of two workers (one of each kept as started by the operator), and every "
+        f"tenant on a {RELAXED_TPOT_S * 1000:g} ms TPOT target that every gear meets. A fault moves its tenants to a "
+        f"{TIGHT_TPOT_S * 1000:g} ms target that only drafter-free k = 0 meets, so the plan restarts its model's "
+        "other worker drafter-free, and the armed fault makes that restart fail: `w1` comes back with its drafter "
+        "(`GEARSHIFT_SIM_RESTART_FALLS_BACK`, as the vLLM supervisor falls back), `w3`'s supervisor stops "
+        "listening once it has accepted the restart. It is healed once the worker serves again (and the "
+        "supervisor listens again), by moving the tenants back.",
+        "",
+    ]
 
 
 PLOT = "chaos.png"

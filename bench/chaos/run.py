@@ -19,7 +19,8 @@ import orjson
 from bench.chaos import measure
 from bench.chaos.faults import NOT_INJECTED, Fault, FaultRun
 from bench.chaos.load import DEFAULT_GROUPS, ClientGroup, Load, Sent, body
-from bench.chaos.stack import LIMITS, ChaosStack, LimitSizes, chaos_stack, tenant_id
+from bench.chaos.restarts import restart_shape
+from bench.chaos.stack import LIMITS, ChaosStack, LimitSizes, StackShape, chaos_stack, tenant_id
 from bench.soak.ledger import LedgerDiff, ledger_diff
 from fleet.store.keys import spend_key
 from fleet.store.protocol import UsageRecord
@@ -194,7 +195,7 @@ async def _warm_up(stack: ChaosStack, cfg: ChaosConfig) -> tuple[float, float]:
     """Load the warm-up tenants for ``warmup_s``; (mean cost of a budget-sized request in USD, such requests per
     second per client)."""
     groups = (_group(cfg, "free"), _group(cfg, "budget"))
-    load = Load(WARMUP, stack.secrets.keys, stack.gateway_urls, groups=groups)
+    load = Load(WARMUP, stack.secrets.keys, stack.gateway_urls, groups=groups, model=stack.model_of(WARMUP))
     stop = asyncio.Event()
     t0 = time.monotonic()
     await load.run(stop, deadline_s=t0 + cfg.warmup_s)
@@ -224,7 +225,7 @@ async def run_fault(
     stack: ChaosStack, fault: Fault, cfg: ChaosConfig, budget: float, progress: Callable[[str], None]
 ) -> FaultResult:
     t0 = time.monotonic()
-    load = Load(fault.name, stack.secrets.keys, stack.gateway_urls, groups=cfg.groups)
+    load = Load(fault.name, stack.secrets.keys, stack.gateway_urls, groups=cfg.groups, model=stack.model_of(fault.name))
     run = FaultRun(stack=stack, load=load)
     stop = asyncio.Event()
     bound_s = cfg.before_s + cfg.during_s(fault) + cfg.after_s + 120.0  # a heal that hangs cannot hold the load forever
@@ -271,22 +272,39 @@ async def run_fault(
 async def run_chaos(
     cfg: ChaosConfig, run_dir: Path, *, progress: Callable[[str], None] = lambda _: None
 ) -> ChaosResult:
+    """Each stack configuration the faults need (the main matrix's, then the restart faults'), one after the
+    other, each started, warmed up and torn down on its own."""
     result = ChaosResult(config=cfg, cpus=os.cpu_count() or 0, load_before=os.getloadavg())
     t0 = time.monotonic()
-    names = [f.name for f in cfg.faults] + [WARMUP]
-    progress(f"starting the stack (logs in {run_dir})")
-    async with chaos_stack(run_dir, names, sizes=cfg.sizes, speedup=cfg.speedup) as stack:
+    for name in dict.fromkeys(f.stack for f in cfg.faults):
+        faults = [f for f in cfg.faults if f.stack == name]
+        directory = run_dir if name == "main" else run_dir / name
+        shape = None if name == "main" else restart_shape(directory / "config")
+        speedup = cfg.speedup if name == "main" else 1.0  # the restart profile's times are wall seconds
+        await _run_stack(cfg, faults, directory, shape, speedup, result, progress)
+    result.elapsed_s = time.monotonic() - t0
+    result.load_after = os.getloadavg()
+    return result
+
+
+async def _run_stack(
+    cfg: ChaosConfig, faults: Sequence[Fault], run_dir: Path, shape: StackShape | None, speedup: float,
+    result: ChaosResult, progress: Callable[[str], None],
+) -> None:  # fmt: skip
+    names = [f.name for f in faults] + [WARMUP]
+    progress(f"starting the {'main' if shape is None else 'restarts'} stack (logs in {run_dir})")
+    async with chaos_stack(run_dir, names, sizes=cfg.sizes, speedup=speedup, shape=shape) as stack:
         progress("warming up")
         cost, rate = await _warm_up(stack, cfg)
         result.request_cost_usd = cost
         budgets: dict[str, float] = {}
-        for fault in cfg.faults:
+        for fault in faults:
             clients = _group(cfg, "budget").clients
             expected = rate * clients * (cfg.before_s + cfg.during_s(fault) + cfg.after_s)
             budgets[fault.name] = cost * max(2.0, cfg.budget_requests * expected)
             await _set_budget(stack, tenant_id(fault.name, "budget"), budgets[fault.name])
         await asyncio.sleep(1.5)  # every replica re-reads the run-time tenant changes (tenants_refresh_s)
-        for fault in cfg.faults:
+        for fault in faults:
             result.results.append(await run_fault(stack, fault, cfg, budgets[fault.name], progress))
             r = result.results[-1]
             progress(
@@ -294,6 +312,3 @@ async def run_chaos(
                 f"({r.failures.unclean} unclean), ledger differences {r.ledger.differences}, "
                 f"recover {r.recover_s if r.recover_s is None else round(r.recover_s, 1)} s, unroutable {r.unroutable}"
             )
-    result.elapsed_s = time.monotonic() - t0
-    result.load_after = os.getloadavg()
-    return result

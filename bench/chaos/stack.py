@@ -16,6 +16,7 @@ import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 
@@ -37,6 +38,9 @@ from bench.procs import (
 )
 from fleet.config import key_digest
 from fleet.store.redis import RedisStore
+
+if TYPE_CHECKING:
+    from bench.chaos.restarts import VanishingSupervisor
 
 MODEL = "kimi-k3"
 LIMITS = ("rpm", "tpm", "conc", "budget")
@@ -67,8 +71,22 @@ class Secrets:
     """Tenant id → its API key secret (generated per run, never written to disk)."""
 
 
-def tenants_document(faults: Sequence[str], sizes: LimitSizes, sec: Secrets) -> dict[str, object]:
+@dataclass(frozen=True, slots=True)
+class TenantShape:
+    """What every tenant of a stack shares but its limits: the tiers, its workload, and each fault's model."""
+
+    tiers: Mapping[str, Mapping[str, object]] = field(default_factory=lambda: {"standard": {"priority": 0}})
+    """Every tenant starts on ``standard``."""
+    workload: str | None = None
+    models: Mapping[str, str] = field(default_factory=dict)
+    """Fault (or ``warmup``) → the model its tenants use (``MODEL`` when absent)."""
+
+
+def tenants_document(
+    faults: Sequence[str], sizes: LimitSizes, sec: Secrets, shape: TenantShape | None = None
+) -> dict[str, object]:
     """Per fault: a ``free`` tenant and one tenant per limit; fills ``sec.keys``. A ``warmup`` tenant too."""
+    shape = shape or TenantShape()
     limit_fields: dict[str, dict[str, float]] = {
         "free": {},
         "rpm": {"rpm": sizes.rpm},
@@ -77,15 +95,18 @@ def tenants_document(faults: Sequence[str], sizes: LimitSizes, sec: Secrets) -> 
         "budget": {"budget_usd": sizes.budget_usd},
     }
     out: list[dict[str, object]] = []
-    for tid, fields in [("warmup", {})] + [
-        (tenant_id(f, role), limits) for f in faults for role, limits in limit_fields.items()
+    for fault, tid, fields in [("warmup", "warmup", {})] + [
+        (f, tenant_id(f, role), limits) for f in faults for role, limits in limit_fields.items()
     ]:
         sec.keys[tid] = "gs-chaos-" + secrets.token_urlsafe(24)
         digest = key_digest(sec.keys[tid], pepper=sec.pepper)
-        out.append(
-            {"id": tid, "tier": "standard", "models": [MODEL], **fields, "keys": [{"id": tid, "digest": digest}]}
-        )
-    return {"tiers": {"standard": {"priority": 0}}, "tenants": out}
+        model = shape.models.get(fault, MODEL)
+        workload = {"workload": shape.workload} if shape.workload else {}
+        out.append({
+            "id": tid, "tier": "standard", "models": [model], **workload, **fields,
+            "keys": [{"id": tid, "digest": digest}],
+        })  # fmt: skip
+    return {"tiers": {k: dict(v) for k, v in shape.tiers.items()}, "tenants": out}
 
 
 def fleet_document(urls: Sequence[str]) -> dict[str, object]:
@@ -122,6 +143,16 @@ class ChaosStack:
     store: RedisStore
     """The bench's own client of the cluster under the run's prefix (ledger, spend, lease holder)."""
     worker_ids: list[str]
+    supervisor: VanishingSupervisor | None = None
+    """On the restarts stack: ``sims[-1]``'s restart control (``bench.chaos.restarts``)."""
+    controller_env: dict[str, str] = field(default_factory=dict)
+    """Added to ``env`` for the controllers only."""
+    models: dict[str, str] = field(default_factory=dict)
+    """Fault (or ``warmup``) → the model its load asks for (``MODEL`` when absent)."""
+
+    def model_of(self, fault: str) -> str:
+        return self.models.get(fault, MODEL)
+
     retired: list[Proc] = field(default_factory=list)
     """Processes replaced by ``restart`` (stopped at the end too)."""
 
@@ -173,7 +204,7 @@ class ChaosStack:
 
     def start_controller(self, name: str) -> Proc:
         port = free_port()
-        env = {**self.env, "GEARSHIFT_HOLDER_ID": name, "GEARSHIFT_METRICS_PORT": str(port)}
+        env = {**self.env, **self.controller_env, "GEARSHIFT_HOLDER_ID": name, "GEARSHIFT_METRICS_PORT": str(port)}
         proc = start_controller(name, env=env, log_dir=self.run_dir)
         proc.port, proc.url = port, f"http://127.0.0.1:{port}"
         self.controllers.append(proc)
@@ -222,23 +253,66 @@ def _write_config(directory: Path, fleet: dict[str, object], tenants: dict[str, 
     (directory / "tenants.yaml").write_text(yaml.safe_dump(tenants))
 
 
+@dataclass(frozen=True)
+class StackShape:
+    """How a stack's workers, fleet, tenants and controllers differ from the main matrix's (``chaos_stack``)."""
+
+    fleet: dict[str, object]
+    """The fleet file (its worker URLs are filled in at start: ``{url}`` of each worker's ``url``)."""
+    tenants: TenantShape
+    sim_extra: tuple[str, ...] = ()
+    """``gearshift sim serve`` options of every worker."""
+    sim_env: Mapping[int, Mapping[str, str]] = field(default_factory=dict)
+    """Worker index → environment added to its process."""
+    sim_models: Mapping[int, str] = field(default_factory=dict)
+    """Worker index → the model it serves (``MODEL`` when absent)."""
+    controller_env: Mapping[str, str] = field(default_factory=dict)
+    supervised: bool = False
+    """The last worker's restart control is a ``VanishingSupervisor`` (its fleet entry's ``restart_url``)."""
+
+
+def main_shape() -> StackShape:
+    return StackShape(fleet=fleet_document(["" for _ in range(4)]), tenants=TenantShape())
+
+
+def _fleet_with(shape: StackShape, urls: Sequence[str], restart_url: str | None) -> dict[str, object]:
+    workers = [dict(w) for w in shape.fleet["workers"]]  # type: ignore[attr-defined]
+    for w, url in zip(workers, urls, strict=True):
+        w["url"] = url
+    if restart_url is not None:
+        workers[-1]["restart_url"] = restart_url
+    return {**shape.fleet, "workers": workers}
+
+
 @contextlib.asynccontextmanager
 async def chaos_stack(
-    run_dir: Path, faults: Sequence[str], *, sizes: LimitSizes, speedup: float
+    run_dir: Path, faults: Sequence[str], *, sizes: LimitSizes, speedup: float, shape: StackShape | None = None
 ) -> AsyncIterator[ChaosStack]:
-    """Start everything (see the module docstring); stop every process, including restarted ones, at the end."""
+    """Start everything (see the module docstring; ``shape``: the main matrix's by default); stop every process,
+    including restarted ones, at the end."""
+    shape = shape or main_shape()
     cluster = await asyncio.to_thread(_start_cluster, run_dir / "cluster")
     sims: list[Proc] = []
     proxy: ChaosProxy | None = None
+    supervisor: VanishingSupervisor | None = None
     stack: ChaosStack | None = None
     try:
         for i in range(4):
-            sims.append(await asyncio.to_thread(start_sim, f"w{i}", log_dir=run_dir, speedup=speedup, seed=i))
+            sims.append(await asyncio.to_thread(
+                start_sim, f"w{i}", log_dir=run_dir, speedup=speedup, seed=i, extra=shape.sim_extra,
+                env=shape.sim_env.get(i), model=shape.sim_models.get(i, MODEL),
+            ))  # fmt: skip
         proxy = await ChaosProxy(sims[-1].url).start()
+        if shape.supervised:
+            from bench.chaos.restarts import VanishingSupervisor  # it builds on this module
+
+            supervisor = await VanishingSupervisor(sims[-1].url).start()
         sec = Secrets()
         config = run_dir / "config"
         urls = [s.url for s in sims[:-1]] + [proxy.url]
-        await asyncio.to_thread(_write_config, config, fleet_document(urls), tenants_document(faults, sizes, sec))
+        fleet = _fleet_with(shape, urls, supervisor.url if supervisor is not None else None)
+        tenants = tenants_document(faults, sizes, sec, shape.tenants)
+        await asyncio.to_thread(_write_config, config, fleet, tenants)
         prefix = f"chaos-{uuid.uuid4().hex[:8]}:"
         env = {
             "GEARSHIFT_FLEET_FILE": str(config / "fleet.yaml"),
@@ -257,13 +331,15 @@ async def chaos_stack(
         store = RedisStore.from_url(cluster.url, prefix=prefix, cluster=True)
         stack = ChaosStack(
             run_dir=run_dir, cluster=cluster, sims=sims, proxy=proxy, gateways=[], controllers=[], env=env,
-            secrets=sec, store=store, worker_ids=[f"w{i}" for i in range(len(urls))],
+            secrets=sec, store=store, worker_ids=[f"w{i}" for i in range(len(urls))], supervisor=supervisor,
         )  # fmt: skip
         for i in range(2):
             port = free_port()
             env_i = stack.gateway_env(i, port)
             gw = await asyncio.to_thread(start_gateway, f"gateway-{i}", env=env_i, log_dir=run_dir, timeout_s=60.0)
             stack.gateways.append(gw)
+        stack.controller_env = dict(shape.controller_env)
+        stack.models = dict(shape.tenants.models)
         for name in ("ctl-a", "ctl-b"):
             await asyncio.to_thread(stack.start_controller, name)
         yield stack
@@ -274,6 +350,8 @@ async def chaos_stack(
                 proc.stop()
         for proc in sims:
             proc.stop()
+        if supervisor is not None:
+            await supervisor.stop()
         if proxy is not None:
             await proxy.stop()
         cluster.stop()

@@ -2,9 +2,10 @@
 gateway replicas and the controller pair (a leader and a standby), each with its own connection to one
 ``redis-server``.
 
-The workers run a K3 profile changed for the test (``plan_profile``): a 1.5 s restart, a costly drafter (+10 ms a
-pass, +100 % on a k = 0 step with it loaded) and a workload (``noise``) whose drafts are almost never accepted, so
-that on the interactive tier's 15 ms TPOT target every gear with the drafter misses and drafter-free k = 0 meets it.
+The workers run at 1× on the chaos bench's restart profile (``bench.chaos.restarts.restart_profile``): a 1.5 s
+restart, a costly drafter (+10 ms a pass, +100 % on a k = 0 step with it loaded) and a workload (``noise``) whose
+drafts are almost never accepted, so that on the interactive tier's 15 ms TPOT target every gear with the drafter
+misses and drafter-free k = 0 meets it.
 Under a light load through both gateways the planner (not an operator switch, not a per-worker stretch) plans
 w1, w2 and w3 drafter-free (w0 is kept as started by the operator), and the drafter-free gear carries the moves out
 one at a time:
@@ -15,8 +16,8 @@ one at a time:
 3. the header from a tenant whose policy does not allow that value gets a 400 that names it, from either gateway;
 4. a failed restart returns the worker to service: w2's restart comes back with its drafter (the simulated
    worker's ``restart_falls_back`` fault, as the vLLM supervisor falls back), and w3's restart control vanishes
-   once it has accepted the restart (a supervisor gone); each serves again, in the mode it was last seen in, and the
-   model's next planned move still runs (issue 23, defect 1).
+   once it has accepted the restart (a supervisor gone: the bench's ``VanishingSupervisor``); each serves again,
+   in the mode it was last seen in, and the model's next planned move still runs (issue 23, defect 1).
 
 No request of the load fails. Every wait is bounded in polls and seconds."""
 
@@ -31,9 +32,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-import yaml
-from aiohttp import web
 
+from bench.chaos.restarts import RESTART_S, TIGHT_TPOT_S, VanishingSupervisor, restart_profile
 from controller.actuator import HttpActuator
 from controller.app import build_gear_modes
 from controller.loop import Controller
@@ -41,9 +41,7 @@ from controller.settings import ControllerSettings
 from controller.sources import HttpScrapeSource
 from fleet.clock import SystemClock
 from fleet.config import FleetConfig, TenantsConfig, key_digest
-from fleet.perf import load_profile
 from fleet.plan import FleetPlan, read_plans
-from fleet.restart import RESTART_PATH
 from fleet.store.redis import RedisStore
 from fleet.worker_mode import Mode, Phase, WorkerMode, read_modes
 from gateway.routing.filters.eligibility import routable
@@ -55,24 +53,9 @@ from .ctl_helpers import CONTROL_TOKEN as TOKEN
 
 MODEL = "kimi-k3"
 HEADER = "x-gearshift-speculation"
-RESTART_S = 1.5
-"""The test profile's restart, seconds (real time: the workers run at 1× so the ledger's rates are the profile's)."""
-TPOT_TARGET_S = 0.015
+TPOT_TARGET_S = TIGHT_TPOT_S
 BODY = {"model": MODEL, "prompt": "hello", "max_tokens": 16, "ignore_eos": True}
 WORKERS = ("w0", "w1", "w2", "w3")
-
-
-def plan_profile(path: Path) -> Path:
-    """The K3 profile with a short restart, a costly drafter and the ``noise`` workload (module docstring)."""
-    profile = load_profile("kimi-k3-dspark-tp16").model_dump(mode="json")
-    profile["name"] = "plan-live"
-    profile["figures"] = None
-    profile["serving"]["restart_s"] = RESTART_S
-    profile["drafter"]["fixed_s"] = 0.01
-    profile["drafter"]["k0_tax"] = {"at_batch_1": 1.0, "at_high_batch": 1.0, "high_batch": 32}
-    profile["acceptance"]["noise"] = {"base": [0.02] * 7, "context_gain": 0.0}
-    path.write_text(yaml.safe_dump(profile))
-    return path
 
 
 def plan_tenants() -> TenantsConfig:
@@ -86,43 +69,6 @@ def plan_tenants() -> TenantsConfig:
             for t in allowed
         ],
     })  # fmt: skip
-
-
-class VanishingSupervisor:
-    """A worker's restart control that passes ``RESTART_PATH`` through to the worker until it has accepted one
-    restart, then is gone (connections refused): a supervisor that died after taking the restart."""
-
-    def __init__(self, http: httpx.AsyncClient, worker_url: str) -> None:
-        self.http = http
-        self.worker_url = worker_url
-        self.runner: web.AppRunner | None = None
-        self.url = ""
-        self._gone: asyncio.Task[None] | None = None
-
-    async def _pass(self, request: web.Request) -> web.Response:
-        headers = {k: v for k, v in request.headers.items() if k.lower() in ("authorization", "content-type")}
-        resp = await self.http.request(
-            request.method, self.worker_url + RESTART_PATH, content=await request.read(), headers=headers
-        )
-        if request.method == "POST" and resp.status_code == 202 and self._gone is None and self.runner is not None:
-            self._gone = asyncio.create_task(self.runner.cleanup())  # after this answer is written
-        return web.Response(status=resp.status_code, body=resp.content, content_type="application/json")
-
-    async def start(self) -> None:
-        app = web.Application()
-        app.router.add_route("*", RESTART_PATH, self._pass)
-        self.runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
-        await self.runner.setup()
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
-        await site.start()
-        port = self.runner.addresses[0][1]
-        self.url = f"http://127.0.0.1:{port}"
-
-    async def stop(self) -> None:
-        if self._gone is not None:
-            await self._gone
-        elif self.runner is not None:
-            await self.runner.cleanup()
 
 
 @contextlib.asynccontextmanager
@@ -234,12 +180,11 @@ async def test_the_plan_moves_workers_drafter_free_and_a_failed_restart_returns_
     statuses: list[int] = []
     modes = ModeLog(reader)
     async with (
-        plan_workers(plan_profile(tmp_path / "plan-live.yaml")) as sims,
+        plan_workers(restart_profile(tmp_path / "plan-live.yaml")) as sims,
         httpx.AsyncClient() as http,
         contextlib.AsyncExitStack() as stack,
     ):
-        supervisor = VanishingSupervisor(http, sims["w3"].url)
-        await supervisor.start()
+        supervisor = await VanishingSupervisor(sims["w3"].url, armed=True).start()
         stack.push_async_callback(supervisor.stop)
         workers = [
             {"id": w, "url": s.url, "model": MODEL, "max_num_seqs": 32, "allow_drafter_free": w != "w0",
