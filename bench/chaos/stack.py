@@ -16,7 +16,7 @@ import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import yaml
 
@@ -276,7 +276,7 @@ def main_shape() -> StackShape:
 
 
 def _fleet_with(shape: StackShape, urls: Sequence[str], restart_url: str | None) -> dict[str, object]:
-    workers = [dict(w) for w in shape.fleet["workers"]]  # type: ignore[attr-defined]
+    workers = [dict(w) for w in cast(list[dict[str, object]], shape.fleet["workers"])]
     for w, url in zip(workers, urls, strict=True):
         w["url"] = url
     if restart_url is not None:
