@@ -25,6 +25,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fleet.ports import free_port
+
 _START_ATTEMPTS = 3
 _POLL_S = 0.02
 
@@ -32,13 +34,6 @@ _POLL_S = 0.02
 class ProcessFailed(RuntimeError):
     """A child (or a tool the bench runs) failed to start, died early or gave no usable output; the message
     carries the tail of its log."""
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (the OS picks it; callers retry if they lose a race)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def port_open(port: int) -> bool:

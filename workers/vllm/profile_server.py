@@ -28,8 +28,8 @@ from typing import Any
 
 import httpx
 
-from bench.procs import free_port
 from fleet.config import CommonSettings
+from fleet.ports import free_port
 from fleet.speculation import SpeculationUpdate
 from fleet.speculation_client import SpeculationClient
 from workers.vllm.cpu_server import REPO_ROOT, build_tiny_model, running_server, tiny_plan, tiny_worker
