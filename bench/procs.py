@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fleet.ports import free_port
+from fleet.ports import free_port as free_port  # re-exported: the tests and benches take it from here
 
 _START_ATTEMPTS = 3
 _POLL_S = 0.02

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import signal
@@ -16,20 +15,22 @@ from urllib.parse import urlsplit
 import httpx
 import typer
 
-from bench.procs import free_port
 from fleet.clock import SystemClock
 from fleet.config import CommonSettings, ConfigError, WorkerConfig, load_fleet
 from fleet.drain import end_shutdown_drain
 from fleet.perf import Profile, load_profile
+from fleet.ports import free_port
 from fleet.restart import RestartClient
 from fleet.store.factory import build_store
 from gearshift.cli.worker_drain import drain_command
 from workers.vllm.cpu_server import (
     TINY_K_MAX,
     TINY_MAX_NUM_SEQS,
+    ServerSpec,
     ServerStartError,
     build_tiny_model,
     running_server,
+    running_servers,
     tiny_plan,
     tiny_worker,
 )
@@ -37,10 +38,11 @@ from workers.vllm.follower import Follower
 from workers.vllm.launcher import CpuOptions, Entrypoint, LaunchError, LaunchPlan, MultiNode, build_launch
 from workers.vllm.measure import format_table, process_group_rss_bytes, sweep, without_speculation
 from workers.vllm.measure_idle import (
+    ARM_ENV,
     ARMS,
+    NO_CATCH_UP,
     PLAIN,
-    AcceptanceWindow,
-    acceptance_window,
+    acceptance_check,
     format_acceptance,
     format_idle_tax,
     idle_tax,
@@ -308,9 +310,10 @@ def _measure_k0_tax(
     with the plugin's idle-drafter skip) and compare k = 0 on them (``workers.vllm.measure_idle``)."""
     cpu = CpuOptions(in_process_worker=not worker_process)
     max_num_seqs = max(TINY_MAX_NUM_SEQS, *batch_sizes)
+    names = [*ARMS, NO_CATCH_UP] if acceptance_tokens > 0 else list(ARMS)  # the ablation: acceptance check only
     workers = {
         name: tiny_worker(port=free_port(), model_dir=model_dir, worker_id=f"tiny-{name}", max_num_seqs=max_num_seqs)
-        for name in ARMS
+        for name in names
     }
     plans = {
         name: tiny_plan(w, cpu=cpu, speculative_extra=spec_extra)
@@ -318,57 +321,34 @@ def _measure_k0_tax(
         else without_speculation(tiny_plan(w, cpu=cpu))
         for name, w in workers.items()
     }
-    envs = {PLAIN: {}, "stock": {"GEARSHIFT_IDLE_DRAFTER": "stock"}, "skip": {"GEARSHIFT_IDLE_DRAFTER": "skip"}}
     token = CommonSettings().control_token.get_secret_value()
-    for name in ARMS:
-        typer.echo(f"{name}: {' '.join(f'{k}={v}' for k, v in envs[name].items())} {plans[name].shell()}")
+    for name in names:
+        typer.echo(f"{name}: {' '.join(f'{k}={v}' for k, v in ARM_ENV[name].items())} {plans[name].shell()}")
     load_before = os.getloadavg()
     urls = {name: w.url for name, w in workers.items()}
+    specs = {
+        name: ServerSpec(plans[name], urls[name], root / f"vllm-{method}-{name}.log", ARM_ENV[name]) for name in names
+    }
     try:
-        with contextlib.ExitStack() as stack:
-            servers = {
-                name: stack.enter_context(
-                    running_server(
-                        plans[name],
-                        url=urls[name],
-                        log_path=root / f"vllm-{method}-{name}.log",
-                        extra_env=envs[name],
-                        ready_timeout_s=_READY_TIMEOUT_S,
-                    )
-                )
-                for name in ARMS
-            }
-            pgids = {name: server.pid for name, server in servers.items()}
+        with running_servers(specs, ready_timeout_s=_READY_TIMEOUT_S) as servers:
+            pgids = {name: servers[name].pid for name in ARMS}
             model = workers[PLAIN].model
             run = asyncio.run(
-                idle_tax(urls, model=model, token=token, batch_sizes=batch_sizes, max_tokens=max_tokens,
-                         rounds=rounds, pgids=pgids)
+                idle_tax({n: urls[n] for n in ARMS}, model=model, token=token, batch_sizes=batch_sizes,
+                         max_tokens=max_tokens, rounds=rounds, pgids=pgids)
             )  # fmt: skip
             typer.echo(format_idle_tax(run, batch_sizes, method=method))
             if acceptance_tokens > 0:
-                typer.echo(
-                    _acceptance(urls, model=model, token=token, requests=max(batch_sizes), tokens=acceptance_tokens)
-                )
+                rows = asyncio.run(
+                    acceptance_check(urls, model=model, token=token, k_max=TINY_K_MAX, requests=max(batch_sizes),
+                                     max_tokens=acceptance_tokens)
+                )  # fmt: skip
+                typer.echo(format_acceptance(rows))
     except ServerStartError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from exc
     load_after = os.getloadavg()
     typer.echo(f"load average (1, 5, 15 min) before {load_before}, after {load_after}")
-
-
-def _acceptance(urls: dict[str, str], *, model: str, token: str, requests: int, tokens: int) -> str:
-    """For each speculating server: a batch that never leaves k_max, then one that starts at k = 0 and returns."""
-
-    async def measure() -> list[tuple[str, AcceptanceWindow, AcceptanceWindow]]:
-        rows = []
-        for name in ("skip", "stock"):
-            common = {"model": model, "token": token, "k_max": TINY_K_MAX, "requests": requests, "max_tokens": tokens}
-            never = await acceptance_window(urls[name], leave=False, version=100, **common)  # type: ignore[arg-type]
-            back = await acceptance_window(urls[name], leave=True, version=101, **common)  # type: ignore[arg-type]
-            rows.append((name, never, back))
-        return rows
-
-    return format_acceptance(asyncio.run(measure()))
 
 
 def register(root: typer.Typer) -> None:
