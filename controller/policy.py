@@ -15,7 +15,9 @@ TTFT targets count too (issue 16): a k's verified tokens, ``B·(k + 1)`` per ste
 (``chunked_prefill_tokens``) with the prompts being prefilled, and lengthen every step. So a new request behind
 the W waiting ones, all of the mean prompt length P (``mean_prompt_tokens``), has its first token after
 ``(W + 1)·P / (budget − B·(k + 1))`` steps of ``T(B, k)`` carrying a full prefill chunk: its predicted TTFT
-``ttft_s``, the part of TTFT that k moves. Among the k that meet the TPOT target, those whose ``ttft_s`` also meets the
+``ttft_s``, the part of TTFT that k moves. At the worker's batch limit (``max_num_seqs``) the requests beyond the
+free slots wait for running ones to finish, at the completion rate ``B·AL(k) / (T(B, k)·O)``, which the gear with
+the most goodput raises most. Among the k that meet the TPOT target, those whose ``ttft_s`` also meets the
 tightest ``ttft_target_s`` of the worker's tiers are preferred; when no k meets it, k cannot help and the TTFT
 target is set aside (the reason says so).
 
@@ -176,11 +178,15 @@ def mean_prompt_tokens(est: Estimate) -> float:
     return est.context_per_seq * r / (r + 0.5) if r > 0 else 0.0
 
 
-def predict_prefill_s(est: Estimate, profile: Profile, k: int, *, drafter_loaded: bool) -> float | None:
+def predict_prefill_s(
+    est: Estimate, profile: Profile, k: int, *, drafter_loaded: bool, goodput_tok_s: float | None = None
+) -> float | None:
     """Seconds until a new request's first token at draft length ``k``: the prompts of the ``est.waiting``
     requests ahead of it and its own, each of the mean length (``mean_prompt_tokens``), prefilled beside a decode
     batch of ``est.batch``: ``(W + 1)·P / chunk`` steps, each ``T(B, k)`` × correction carrying ``chunk = budget
-    − B·(k + 1)`` prompt tokens (at least one token). None before any prompt was seen."""
+    − B·(k + 1)`` prompt tokens (at least one token); at the batch limit, the requests beyond the free slots first
+    wait for completions (module docstring), ``goodput_tok_s`` / output per second (by default at the step carrying
+    the chunk). None before any prompt was seen."""
     prompt = mean_prompt_tokens(est)
     if prompt <= 0:
         return None
@@ -193,8 +199,17 @@ def predict_prefill_s(est: Estimate, profile: Profile, k: int, *, drafter_loaded
         context_per_seq=est.context_per_seq,
         prefill_per_step=chunk,
         drafter_loaded=drafter_loaded,
-    ).total_s
-    return (est.waiting + 1.0) * prompt / chunk * step * est.correction_for(k)
+    ).total_s * est.correction_for(k)
+    ahead = est.waiting + 1.0
+    slots = max(est.max_num_seqs - batch, 0.0) if est.max_num_seqs is not None else ahead
+    if ahead <= slots:
+        return ahead * prompt / chunk * step
+    # A full batch admits a waiting request only when a running one finishes: the requests beyond the free slots
+    # wait for completions, at B · AL(k) / (T(B, k) · output) per second, then their own prompt's prefill.
+    output = prompt / est.prefill_per_token
+    if goodput_tok_s is None:
+        goodput_tok_s = batch * expected_tokens_per_step(est.conditional, k) / step
+    return (ahead - slots) * output / goodput_tok_s + (slots + 1.0) * prompt / chunk * step
 
 
 _TABLES: dict[tuple[int, tuple[tuple[str, float], ...], float, float, int], tuple[Profile, Schedule]] = {}
@@ -274,14 +289,15 @@ def _predict(
     step = raw.total_s * c
     tpot = step / al
     slowest = tpot / slowest_al_ratio(profile, est.class_mix, k, est.context_per_seq, min_share=min_share)
-    ttft = predict_prefill_s(est, profile, k, drafter_loaded=drafter_loaded)
+    goodput = batch * al / step
+    ttft = predict_prefill_s(est, profile, k, drafter_loaded=drafter_loaded, goodput_tok_s=goodput)
     return Candidate(
         k=k,
         step_s=step,
         target_s=raw.target_s * c,
         drafter_s=raw.drafter_s * c,
         accepted_length=al,
-        goodput_tok_s=batch * al / step,
+        goodput_tok_s=goodput,
         tpot_s=tpot,
         feasible=target is None or slowest <= target,
         allowed=allowed,

@@ -10,7 +10,17 @@ from typing import Any
 import pytest
 
 from controller.estimator import Estimate
-from controller.policy import TABLE_MAX_NUM_SEQS, Basis, Candidate, Decision, PolicyConfig, Risk, decide, observed_mix
+from controller.policy import (
+    TABLE_MAX_NUM_SEQS,
+    Basis,
+    Candidate,
+    Decision,
+    PolicyConfig,
+    Risk,
+    decide,
+    mean_prompt_tokens,
+    observed_mix,
+)
 from fleet.fallback import tuned_table
 from fleet.perf import Profile, conditional_acceptance
 
@@ -340,3 +350,29 @@ def test_a_measured_deviation_stands_while_the_tables_gear_is_only_remembered(la
     assert (d.k, d.basis) == (table_k, Basis.TABLE), "the remembered table's gear is better: back to it"
     forgotten = replace(est, fresh_gears=(model_k,), step_correction_by_k=((model_k, 1.0),))
     assert decide(forgotten, lab_profile, tpot_target_s=None, config=TABLE_CFG).k == table_k, "no memory: table"
+
+
+def test_at_its_batch_limit_a_queue_waits_for_slots_that_a_faster_gear_frees_sooner(lab_profile: Profile) -> None:
+    """Lab, B300 concurrency-sweep at 128 streams on 32 slots (96 waiting): the predicted TTFT counted the queue
+    as prompts waiting for the prefill budget, which a longer draft shrinks, so the TTFT target walked the worker
+    down from the table's k = 7 to k = 2 (-16 % goodput in the phase). A full batch admits a waiting request only
+    when a running one finishes: the queue drains at the completion rate, B · AL(k) / (T(B, k) · output), which
+    the gear with the most goodput raises most."""
+    est = make_estimate(
+        lab_profile, batch=32.0, max_num_seqs=32, waiting=96.0, prefill_per_token=2.5, context_per_seq=1200.0
+    )
+    d = decide(est, lab_profile, tpot_target_s=None, config=CFG)
+    ttft = {c.k: c.ttft_s for c in d.candidates if c.ttft_s is not None}
+    assert len(ttft) == len(d.candidates)
+    output = mean_prompt_tokens(est) / est.prefill_per_token
+    for c in d.candidates:  # the 97 requests to admit, at the rate this gear completes them
+        assert ttft[c.k] >= 97 * output / c.goodput_tok_s
+    richest = max(d.candidates, key=lambda c: c.goodput_tok_s)
+    assert min(ttft, key=ttft.__getitem__) == richest.k
+    target = ttft[richest.k] * 1.01
+    bound = decide(est, lab_profile, tpot_target_s=None, ttft_target_s=target, config=CFG)
+    assert bound.k == richest.k
+    free_slots = replace(est, max_num_seqs=256)
+    d = decide(free_slots, lab_profile, tpot_target_s=None, config=CFG)
+    ttft = {c.k: c.ttft_s for c in d.candidates if c.ttft_s is not None}
+    assert min(ttft, key=ttft.__getitem__) == 0, "slots free for the whole queue: only the prefill budget counts"
