@@ -3,7 +3,12 @@
 # registry, drive it, fail a controller over, and tear it all down. Its own command, not in the default tests
 # (tests/deploy/test_deploy_compose_docker.py, marked heavy, runs it). Needs root.
 #
-#   scripts/compose-check.sh [--requests N] [--rebuild]
+#   scripts/compose-check.sh [--requests N] [--rebuild] [--build-only]
+#
+# Steps 1-3 run under one lock (/var/tmp/gearshift-compose-check.lock: the images are the host's, whatever the work
+# folder): --build-only does just them, and a run that finds the lock taken waits for it, then finds the images
+# made. scripts/heavy-tests.sh starts a --build-only run in the background, so this I/O-bound build (apt, debootstrap,
+# pip: mostly downloads) overlaps the CPU-bound heavy checks instead of adding to them.
 #
 # 1. Tools from Debian: docker.io and debootstrap (apt), and Compose v2 — Debian's docker-compose package of the
 #    next release (bookworm's is the Python 1.29) fetched through a scratch apt configuration, the system's apt
@@ -23,10 +28,12 @@ set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 requests=40
 rebuild=0
+build_only=0
 while (($#)); do
   case "$1" in
     --requests) requests="$2"; shift 2 ;;
     --rebuild) rebuild=1; shift ;;
+    --build-only) build_only=1; shift ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -34,7 +41,20 @@ done
 work="${GEARSHIFT_COMPOSE_WORK:-/var/tmp/gearshift-compose}"
 mkdir -p "$work"
 started=$SECONDS
-phase() { printf '[compose-check %4ds] %s\n' $((SECONDS - started)) "$*"; }
+phase() { printf '[compose-check %s %4ds] %s\n' "$(date -u +%H:%M:%S)" $((SECONDS - started)) "$*"; }
+our_dockerd=""
+stop_dockerd() {
+  if [[ -n "$our_dockerd" ]]; then kill "$our_dockerd"; wait "$our_dockerd" 2>/dev/null || true; our_dockerd=""; fi
+}
+trap stop_dockerd EXIT
+
+# One build at a time (fd 9 holds the lock until the build steps are done; in --build-only mode until the exit, after
+# the dockerd it started is stopped, so a waiting run never meets a dockerd that is going away).
+exec 9>/var/tmp/gearshift-compose-check.lock
+if ! flock -n 9; then
+  phase "waiting for the build that another compose-check holds (/var/tmp/gearshift-compose-check.lock)"
+  flock 9
+fi
 
 # ------------------------------------------------------------------------------------------------ 1. tools
 . /etc/os-release
@@ -56,10 +76,9 @@ if ! docker compose version >/dev/null 2>&1; then
   apt-get "${apt_opts[@]}" update -qq
   (cd "$apt_dir" && apt-get "${apt_opts[@]}" download docker-compose 2>/dev/null && dpkg -i docker-compose_*.deb >/dev/null)
 fi
-our_dockerd=""
 if ! docker info >/dev/null 2>&1; then
   phase "starting dockerd (log: $work/dockerd.log)"
-  dockerd >"$work/dockerd.log" 2>&1 &
+  dockerd >"$work/dockerd.log" 2>&1 9>&- &  # without the lock's fd: it must not hold the lock
   our_dockerd=$!
   for _ in $(seq 60); do docker info >/dev/null 2>&1 && break; sleep 0.5; done
   docker info >/dev/null
@@ -109,18 +128,27 @@ services:
   prometheus: {ports: !override ["127.0.0.1:$prom:9090"]}
 YAML
 compose=(docker compose -p "gearshift-check-$$" --env-file "$run/.env" -f "$root/deploy/compose/compose.yaml" -f "$run/ports.yaml")
+stack_started=0
 cleanup() {
-  phase "tearing down"
-  "${compose[@]}" down -v --remove-orphans --timeout 5 >/dev/null 2>&1 || true
+  if ((stack_started)); then
+    phase "tearing down"
+    "${compose[@]}" down -v --remove-orphans --timeout 5 >/dev/null 2>&1 || true
+  fi
   rm -rf "$run"
-  if [[ -n "$our_dockerd" ]]; then kill "$our_dockerd"; wait "$our_dockerd" 2>/dev/null || true; fi
+  stop_dockerd
   phase "done"
 }
 trap cleanup EXIT
 phase "building gearshift:dev on $base"
 "${compose[@]}" build --quiet sim-0  # every gearshift service shares this image
+if ((build_only)); then
+  phase "built (--build-only)"
+  exit 0
+fi
+exec 9>&-  # the build is done: the lock is free for another run
 
 # ------------------------------------------------------------------------------------------------ 4. stack up
+stack_started=1
 phase "starting the stack (Redis, 2 gateways, 2 controllers, 2 simulated workers, Prometheus)"
 if ! "${compose[@]}" up -d --no-build --wait --wait-timeout 240 >"$run/up.log" 2>&1; then
   cat "$run/up.log" >&2

@@ -1,6 +1,6 @@
 """Root fixtures shared by every test area: a clean ``GEARSHIFT_*`` environment for each test, a real
-``redis-server`` and a real Redis Cluster (3 masters, 3 replicas) on loopback. Keep this file generic; area
-fixtures live in ``tests/<area>/conftest.py``."""
+``redis-server`` and a real Redis Cluster (3 masters, 3 replicas) on loopback; and the order of the heavy checks.
+Keep this file generic; area fixtures live in ``tests/<area>/conftest.py``."""
 
 from __future__ import annotations
 
@@ -10,6 +10,24 @@ from collections.abc import Iterator
 import pytest
 
 from bench.procs import ProcessFailed, start_redis, start_redis_cluster
+
+HEAVY_LAST = "tests/deploy/test_deploy_compose_docker.py"
+"""The compose check: scripts/heavy-tests.sh builds its images in the background while the other heavy checks run."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The heavy checks in the order scripts/heavy-tests.sh wants: the real-vLLM ones first (they bear the background
+    image build best: long start-up limits, no timing asserted), the compose check last (by then its images are
+    built). Every other test keeps its place (a stable sort; a test not marked heavy is never moved)."""
+
+    def rank(item: pytest.Item) -> int:
+        if item.get_closest_marker("heavy") is None:
+            return 1
+        if item.nodeid.startswith(HEAVY_LAST):
+            return 2
+        return 0 if item.get_closest_marker("vllm") is not None else 1
+
+    items.sort(key=rank)
 
 
 @pytest.fixture(autouse=True)
