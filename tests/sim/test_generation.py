@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import Any, cast
 
 import pytest
 
@@ -190,23 +191,32 @@ def test_token_counting_and_pseudo_eos_are_documented_approximations() -> None:
     assert TextStream(7).take(30) == TextStream(7).take(30)
 
 
-class FailsOnce(EngineCore):
-    """An engine whose next step raises once (a simulator bug), then works again."""
+class FailsOnce:
+    """An engine whose next step raises once (a simulator bug), then works again. It wraps the engine rather than
+    subclassing it: the engine may be compiled (``workers.sim.native``), and Python classes cannot subclass that."""
 
-    fail_next = True
+    def __init__(self, engine: EngineCore) -> None:
+        object.__setattr__(self, "inner", engine)
+        object.__setattr__(self, "fail_next", True)
 
     def step(self) -> StepOutcome:
         if self.fail_next:
-            self.fail_next = False
+            object.__setattr__(self, "fail_next", False)
             raise RuntimeError("injected engine failure")
-        return super().step()
+        return cast(EngineCore, self.inner).step()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self.inner, name, value)
 
 
 async def test_an_engine_failure_fails_its_requests_and_the_loop_survives(caplog: pytest.LogCaptureFixture) -> None:
     clock = ManualClock()
     base = make_engine(clock=clock)
-    engine = FailsOnce(base.profile, base.control, seed=1)
-    driver = RealTimeDriver(engine, clock=clock)
+    engine = FailsOnce(EngineCore(base.profile, base.control, seed=1))
+    driver = RealTimeDriver(cast(EngineCore, engine), clock=clock)
     await driver.start()
     try:
         with pytest.raises(EngineFailed):

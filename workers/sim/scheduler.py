@@ -69,7 +69,8 @@ class PriorityQueue(WaitingQueue[Q]):
     def push(self, item: Q) -> None:
         heapq.heappush(self._heap, (item.sort_key, item))
 
-    push_front = push
+    def push_front(self, item: Q) -> None:
+        self.push(item)  # the heap orders a preempted request by its key, as any other (a method: mypyc has no alias)
 
     def peek(self) -> Q | None:
         return self._heap[0][1] if self._heap else None
