@@ -417,7 +417,10 @@ class RedisStore:
         scripts = [self._admit_many_call([calls[i] for i in indices]) for indices in by_scope.values()]
         rides = self._rides
         rides.admitting()
-        riders = rides.take(next(iter(by_scope))) if rides.waiting and by_scope else []
+        # a cluster's several scopes go pipelined, without a bundle: take riders only when one script carries them
+        # (a rider taken and not carried would never hear back, and its caller would wait forever: issue 23)
+        carries = len(scripts) == 1 or not self.cluster
+        riders = rides.take(next(iter(by_scope))) if carries and rides.waiting and by_scope else []
         if len(scripts) == 1 and not riders:
             groups = [await self._admit_many(keys=scripts[0][0], args=scripts[0][1])]
         elif len(scripts) == 1 or (scripts and not self.cluster):  # on one Redis, every scope in one script call
