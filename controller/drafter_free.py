@@ -53,7 +53,9 @@ class DrafterFreeConfig(BaseModel):
     dwell_factor: float = Field(10.0, ge=1)
     """A mode must have been wanted for this many restart times before a restart is proposed."""
     min_dwell_s: float = Field(1800.0, ge=0)
-    """Least time a worker stays in a drafter mode after a restart, seconds."""
+    """Least time a worker stays in a drafter mode after a restart, seconds; after a failed one too (it came back in
+    its old mode, or was given up), so that the plan does not drain and restart it again at once
+    (``controller.gear_mode``)."""
     headroom: float = Field(1.0, gt=0, le=1)
     """Share of the other workers' capacity the model's forecast peak may take while one restarts."""
     horizon_s: float | None = Field(None, gt=0)
