@@ -128,6 +128,31 @@ def usage_record(
 MAX_BATCH = 256
 """Most usage records (or settlements) written in one store round trip."""
 T = TypeVar("T")
+U = TypeVar("U")
+
+
+def _within(write: Callable[[list[T]], Awaitable[None]], timeout_s: float) -> Callable[[list[T]], Awaitable[None]]:
+    """``write`` with a deadline of ``timeout_s`` seconds: a store that hangs (a lost reply, a frozen node) fails the
+    write like one that refuses, so the batch is spooled or retried. The write may have run: the store skips a record's
+    request id, and a settlement's id, that it already has."""
+
+    async def bounded(batch: list[T]) -> None:
+        deadline = asyncio.timeout(timeout_s)
+        try:
+            async with deadline:
+                await write(batch)
+        except TimeoutError:
+            if deadline.expired():
+                raise TimeoutError(f"the store did not answer within {timeout_s} s") from None
+            raise
+
+    return bounded
+
+
+def _report_stop(task: asyncio.Task[None]) -> None:
+    """A lane's task ended otherwise than by its cancellation: say so (a lane never ends by itself)."""
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        log.error("%s stopped: its entries are no longer written", task.get_name(), exc_info=exc)
 
 
 class _Lane(Generic[T]):
@@ -135,6 +160,11 @@ class _Lane(Generic[T]):
     to ``MAX_BATCH`` by ``write``, and, while the store is away, durably spooled (``spool``) and replayed in order by
     ``replay``; without a spool (or when it is full) a failed batch is retried in memory. ``landed`` hears every
     batch the store has taken.
+
+    A lane never stops and never drops an entry on an error of its own steps (a defect, not the store's failure: a
+    callback that raises, a spool or journal file that fails): the error is logged with its traceback and counted
+    (``loop_errors``), and the batch is kept and tried again; what ``landed``, ``durable`` or ``prepare`` raise is
+    logged and passed over (the entries are stored, or written unprepared).
 
     A batch waits ``linger_s`` after its first entry before it is written, so that entries arriving one at a time
     (a sequential client) share a write: at most one write per ``linger_s`` while entries keep coming, none while
@@ -180,6 +210,8 @@ class _Lane(Generic[T]):
         if self.spool is not None:
             tasks.append(asyncio.create_task(self._replay(self.spool), name=f"gateway-{self.name}-spool"))
             self._spooled.set()  # a previous process may have left entries in it
+        for task in tasks:
+            task.add_done_callback(_report_stop)
         return tasks
 
     async def _run(self) -> None:
@@ -189,11 +221,9 @@ class _Lane(Generic[T]):
                 await self._linger()
             while len(batch) < MAX_BATCH and not self.queue.empty():
                 batch.append(self._took(self.queue.get_nowait()))
-            todo = batch if self._prepare is None else self._prepare(batch)
-            if todo:
-                await self._put(todo)
+            await self._keep(batch)
             if self._durable is not None:
-                self._durable(len(batch))
+                self._heard(self._durable, len(batch), "durable")
             self.writing = []
             for _ in batch:
                 self.queue.task_done()
@@ -224,6 +254,42 @@ class _Lane(Generic[T]):
             sleeping.cancel()
             woken.cancel()
 
+    async def _keep(self, batch: list[T]) -> None:
+        """Put ``batch`` in the store or the spool; tried again after a back-off while a step of the lane fails."""
+        delay = self._w.retry_s
+        while True:
+            try:
+                todo = batch if self._prepare is None else self._prepared(batch, self._prepare)
+                if todo:
+                    await self._put(todo)
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                self._w.unexpected(self.name)
+                log.exception("%s writer: unexpected error; its %d entries are kept and tried again in %.1f s",
+                              self.name, len(batch), delay)  # fmt: skip
+                await self._w.clock.sleep(delay)
+                delay = min(delay * 2, 10.0)
+
+    def _prepared(self, batch: list[T], prepare: Callable[[list[T]], list[T]]) -> list[T]:
+        try:
+            return prepare(batch)
+        except Exception:
+            self._w.unexpected(self.name)
+            log.exception("%s writer: preparing a batch failed; its %d entries are written as they are",
+                          self.name, len(batch))  # fmt: skip
+            return batch
+
+    def _heard(self, callback: Callable[[U], None], what: U, name: str) -> None:
+        """Tell ``callback`` (``landed``, ``durable``) about entries now stored or spooled; an error of its own is
+        logged and does not undo that."""
+        try:
+            callback(what)
+        except Exception:
+            self._w.unexpected(self.name)
+            log.exception("%s writer: its %s callback failed (the entries are stored or spooled)", self.name, name)
+
     async def _put(self, batch: list[T]) -> None:
         spool = self.spool
         if spool is None or not spool.has_pending():  # with entries spooled, new ones queue behind them
@@ -235,12 +301,12 @@ class _Lane(Generic[T]):
                 self._w.failed(self.name, exc)
             else:
                 self._w.store_back()
-                self._landed(batch)
+                self._heard(self._landed, batch, "landed")
                 return
         if spool is not None and self.spool_now(batch):
             return
         await self._w.until_done(functools.partial(self._write, batch), self.name)
-        self._landed(batch)
+        self._heard(self._landed, batch, "landed")
 
     def spool_now(self, batch: list[T]) -> bool:
         """Durably spool ``batch``; False (alarm logged once, metric set) without a spool or when it is full."""
@@ -248,7 +314,13 @@ class _Lane(Generic[T]):
         if spool is None:
             return False
         was_full = spool.full
-        if spool.append(batch):
+        try:
+            appended = spool.append(batch)
+        except OSError:  # a disk that fails: the entries stay in memory, as with a full spool
+            self._w.unexpected(self.name)
+            log.exception("%s spool: appending %d entries failed; they wait in memory", self.name, len(batch))
+            return False
+        if appended:
             self.drained.clear()
             self._spooled.set()
             self._w.spool_metrics()
@@ -267,7 +339,19 @@ class _Lane(Generic[T]):
         return len(left)
 
     async def _replay(self, spool: JsonlSpool[T]) -> None:
-        """Put spooled entries into the store, oldest first, as soon as it takes them."""
+        """Put spooled entries into the store, oldest first, as soon as it takes them; an error of the spool's own
+        (its files) is logged and the replay tried again after a back-off."""
+        while True:
+            try:
+                await self._replay_all(spool)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                self._w.unexpected(f"{self.name}-spool")
+                log.exception("%s spool replay: unexpected error; tried again in %.1f s", self.name, self._w.retry_s)
+                await self._w.clock.sleep(self._w.retry_s)
+
+    async def _replay_all(self, spool: JsonlSpool[T]) -> None:
         delay = self._w.retry_s
         while True:
             if not spool.has_pending():
@@ -288,7 +372,7 @@ class _Lane(Generic[T]):
                 continue
             spool.commit(end)
             self._w.store_back()
-            self._landed(batch)
+            self._heard(self._landed, batch, "landed")
             delay = self._w.retry_s
 
 
@@ -316,7 +400,11 @@ class LedgerWriter:
     memory. With a ``journal`` (``gateway.usage.spool.Journal``) each record is on disk from ``write`` until the
     store or the spool has it, so a kill after the client saw the answer's end loses none (the next process on the
     directory writes them; settlements are not journaled: a lost slot release expires with its TTL, a lost TPM
-    refund leaves its window counted high)."""
+    refund leaves its window counted high).
+
+    Every write to a shared store has a deadline, ``store_timeout_s`` seconds (``GatewaySettings.store_timeout_s``,
+    as admission's): past it the write counts as failed, and the batch is spooled or retried like any other; an
+    in-process store (``MemoryStore``) has none."""
 
     def __init__(
         self,
@@ -333,6 +421,7 @@ class LedgerWriter:
         settle_linger_s: float = 0.0,
         unsettled: Callable[[list[Settlement]], list[Settlement]] | None = None,
         journal: Journal | None = None,
+        store_timeout_s: float = 2.0,
     ) -> None:
         self.clock = clock
         self.retry_s = retry_s
@@ -341,16 +430,20 @@ class LedgerWriter:
         async def settle_many(batch: list[Settlement]) -> None:
             await store.settle_many(batch, now=clock.wall())
 
+        append_usage: Callable[[list[UsageRecord]], Awaitable[None]] = store.append_usage_many
+        settle: Callable[[list[Settlement]], Awaitable[None]] = settle_many
+        if not in_process(store):  # an in-process store's write is a call that cannot hang: no deadline
+            append_usage, settle = _within(append_usage, store_timeout_s), _within(settle, store_timeout_s)
         self._journal = journal
         self._records: _Lane[UsageRecord] = _Lane(
-            "ledger", self, write=store.append_usage_many, spool=spool, landed=usage_landed, linger_s=ledger_linger_s,
+            "ledger", self, write=append_usage, spool=spool, landed=usage_landed, linger_s=ledger_linger_s,
             durable=None if journal is None else journal.done,
         )  # fmt: skip
         if journal is not None:  # what a killed process journaled and did not see stored, ahead of any new record
             for record in journal.recovered():
                 self._records.put(record)
         self._settles: _Lane[Settlement] = _Lane(
-            "settle", self, write=settle_many, spool=settle_spool, landed=settle_landed, linger_s=settle_linger_s,
+            "settle", self, write=settle, spool=settle_spool, landed=settle_landed, linger_s=settle_linger_s,
             prepare=unsettled, urgent=_corrects_a_window,
         )  # fmt: skip
         self._tasks: list[asyncio.Task[None]] = []
@@ -372,7 +465,7 @@ class LedgerWriter:
             usage_landed=admitter.usage_landed, settle_landed=admitter.settle_landed,
             ledger_linger_s=settings.ledger_linger_s if remote else 0.0,
             settle_linger_s=settings.settle_linger_s if remote else 0.0,
-            unsettled=admitter.unsettled,
+            unsettled=admitter.unsettled, store_timeout_s=settings.store_timeout_s,
         )  # fmt: skip
 
     def start(self) -> None:
@@ -437,6 +530,10 @@ class LedgerWriter:
                 log.warning("%s write failed, retrying in %.1f s: %s", loop, delay, exc)
                 await self.clock.sleep(delay)
                 delay = min(delay * 2, 10.0)
+
+    def unexpected(self, loop: str) -> None:
+        """A lane's own step failed (a defect, not the store): counted like a failed write of that loop."""
+        self._metrics.loop_errors.labels(loop=loop).inc()
 
     def failed(self, loop: str, exc: Exception) -> None:
         self._metrics.loop_errors.labels(loop=loop).inc()

@@ -10,18 +10,26 @@ own steps: logged, the entries kept (spooled or retried)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 
-from fleet.clock import SystemClock
+from fleet.clock import ManualClock, SystemClock
+from fleet.store.memory import MemoryStore
 from fleet.store.protocol import Settlement, SlotLimit, UsageRecord, WindowLimit
 from fleet.store.redis import RedisStore
+from gateway.intake.admission import Admitter
+from gateway.settings import GatewaySettings
 from gateway.usage.metering import LedgerWriter
 from gateway.usage.metrics import GatewayMetrics
 from gateway.usage.spool import Journal, Spool
+
+from .harness import eventually
 
 T0 = 1_700_000_000.0
 MAX_BYTES = 64 * 1024 * 1024
@@ -103,3 +111,146 @@ async def test_the_records_lane_keeps_writing_across_a_batch_of_several_tenants(
     finally:
         await writer.close()
         await store.close()
+
+
+# ------------------------------------------------------------------------------------- a write's deadline
+class StallingStore:
+    """A shared store (not in this process: ``fleet.store.memory.in_process`` is false) whose first ``stalls`` ledger
+    appends and settlements never answer (a lost reply, a frozen node); then it answers like a memory store."""
+
+    def __init__(self, *, stalls: int = 1) -> None:
+        self.inner = MemoryStore(clock=ManualClock(T0))
+        self.stalls = {"append": stalls, "settle": stalls}
+        self.settled: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def _stall(self, what: str) -> None:
+        if self.stalls[what]:
+            self.stalls[what] -= 1
+            await asyncio.Event().wait()
+
+    async def append_usage_many(self, records: Sequence[UsageRecord]) -> None:
+        await self._stall("append")
+        await self.inner.append_usage_many(records)
+
+    async def settle_many(self, settlements: Sequence[Settlement], *, now: float) -> None:
+        await self._stall("settle")
+        await self.inner.settle_many(settlements, now=now)
+        self.settled += [s.settle_id for s in settlements]
+
+
+async def ledger_ids(store: StallingStore) -> list[str]:
+    return [r.request_id for r in await store.inner.ledger(since=0, until=1e12)]
+
+
+@pytest.mark.parametrize("spooled", [True, False], ids=["spooled", "in-memory"])
+async def test_a_write_the_store_never_answers_is_given_up_at_the_store_timeout_and_kept(
+    tmp_path: Path, spooled: bool
+) -> None:
+    store = StallingStore()
+    metrics = GatewayMetrics()
+    writer = LedgerWriter(
+        cast(Any, store), clock=SystemClock(), metrics=metrics, retry_s=0.01, store_timeout_s=0.05,
+        spool=Spool(tmp_path, max_bytes=MAX_BYTES) if spooled else None, journal=Journal(tmp_path),
+    )  # fmt: skip
+    writer.start()
+    try:
+        writer.write(record(0), Settlement("s0"))
+        writer.write(record(1), None)
+        async with asyncio.timeout(10):  # forever without a deadline
+            await writer.idle()
+            await eventually(lambda: len(store.settled) == 1)
+            await eventually(lambda: store.stalls["append"] == 0)
+        await eventually(lambda: _has(store, 2), timeout_s=10)
+        assert await ledger_ids(store) == ["req-0", "req-1"]
+        assert store.settled == ["s0"]
+        assert metrics.loop_errors.labels(loop="ledger")._value.get() >= 1
+    finally:
+        await writer.close()
+
+
+async def _has(store: StallingStore, n: int) -> bool:
+    return len(await ledger_ids(store)) == n
+
+
+async def test_the_gateways_writer_takes_its_deadline_from_the_store_timeout_setting(tmp_path: Path) -> None:
+    store = StallingStore()
+    settings = GatewaySettings(store_timeout_s=0.05, spool_dir=tmp_path)
+    clock = SystemClock()
+    admitter = Admitter(cast(Any, store), clock=clock, metrics=GatewayMetrics())
+    writer = LedgerWriter.from_settings(
+        cast(Any, store), clock=clock, metrics=GatewayMetrics(), settings=settings, admitter=admitter
+    )
+    writer.start()
+    try:
+        writer.write(record(0), None)
+        await eventually(lambda: _has(store, 1), timeout_s=10)
+    finally:
+        await writer.close()
+
+
+# ---------------------------------------------------------------------------------- an error of its own
+class FailingSpool(Spool):
+    """A spool whose disk fails: every append raises."""
+
+    def append(self, records: Sequence[UsageRecord]) -> bool:
+        raise OSError(5, "Input/output error")
+
+
+class DownStore(MemoryStore):
+    """A memory store whose ledger appends fail until ``down`` is cleared."""
+
+    def __init__(self) -> None:
+        super().__init__(clock=ManualClock(T0))
+        self.down = True
+
+    async def append_usage_many(self, records: Sequence[UsageRecord]) -> None:
+        if self.down:
+            raise ConnectionError("store down")
+        await super().append_usage_many(records)
+
+
+@pytest.mark.parametrize("failing", ["landed", "journal", "spool"])
+async def test_a_lane_survives_an_error_of_its_own_steps_logs_it_and_keeps_the_entries(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, failing: str
+) -> None:
+    """``landed`` (the admitter's accounting) raising once, the journal failing to forget, the spool's disk failing
+    while the store is down: the error is logged with its traceback, and every record lands."""
+    store = DownStore() if failing == "spool" else MemoryStore(clock=ManualClock(T0))
+    calls: list[int] = []
+
+    def landed(records: Sequence[UsageRecord]) -> None:
+        calls.append(len(records))
+        if failing == "landed" and len(calls) == 1:
+            raise RuntimeError("accounting defect")
+
+    journal = Journal(tmp_path)
+    if failing == "journal":
+        done = journal.done
+
+        def failing_done(n: int) -> None:
+            if not calls or len(calls) == 1:
+                raise OSError(5, "Input/output error")
+            done(n)
+
+        journal.done = failing_done  # type: ignore[method-assign]
+    spool = FailingSpool(tmp_path, max_bytes=MAX_BYTES) if failing == "spool" else None
+    writer = LedgerWriter(store, clock=SystemClock(), metrics=GatewayMetrics(), usage_landed=landed, retry_s=0.01,
+                          spool=spool, journal=journal)  # fmt: skip
+    writer.start()
+    try:
+        with caplog.at_level(logging.ERROR, logger="gateway.usage.metering"):
+            writer.write(record(0), None)
+            await eventually(lambda: any(r.exc_info for r in caplog.records), timeout_s=10)
+            if isinstance(store, DownStore):
+                store.down = False
+            for i in range(1, 3):
+                writer.write(record(i), None)
+            async with asyncio.timeout(10):  # the lane died at the first error without the guard
+                await writer.idle()
+        assert [r.request_id for r in await store.ledger(since=0, until=1e12)] == ["req-0", "req-1", "req-2"]
+        assert all(not t.done() for t in writer._tasks)
+    finally:
+        await writer.close()
