@@ -55,7 +55,8 @@ class GatewaySettings(CommonSettings):
     store_timeout_s: Annotated[float, Field(gt=0)] = 2.0
     """Longest an admission waits for the shared store before treating it as failed (``store_failure_mode``): a
     store that hangs (a frozen or partitioned Redis keeps its connections open and answers nothing) fails like one
-    that refuses. A grant that lands after the deadline is given back."""
+    that refuses. A grant that lands after the deadline is given back. Also the deadline of each background ledger and
+    settlement write, after which the batch is spooled or retried."""
     local_limit_share: Annotated[float, Field(gt=0, le=1)] = 1.0
     """Share of each tenant limit this replica enforces on its own while failing open (1/N for N replicas);
     ``gateway_replicas`` lowers it to 1/N by itself."""

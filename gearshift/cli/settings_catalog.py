@@ -45,6 +45,7 @@ TOOLING: Final = frozenset(
         "GEARSHIFT_BENCH_BODY",  # bench/gateway/wrk.py: read by wrk's Lua, not by Python
         "GEARSHIFT_BENCH_KEY",
         "GEARSHIFT_ALLOW_UNKNOWN_ENV",  # this module: let unknown variables through
+        "GEARSHIFT_LAB_NATIVE",  # workers/sim/__init__.py: 0 loads the lab's sources over a compiled build
     }
 )
 """``GEARSHIFT_*`` variables the deployment tooling reads, not a settings class."""
