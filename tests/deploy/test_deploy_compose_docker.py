@@ -1,6 +1,8 @@
 """The compose deployment built and run in Docker (scripts/compose-check.sh): heavy, run by
 scripts/heavy-tests.sh. It needs root (apt-get, dockerd, debootstrap) and Debian's mirror and PyPI; it pulls no
-image from a registry."""
+image from a registry. For the whole heavy set, heavy-tests.sh builds the images in the background first
+(compose-check.sh --build-only) and tests/conftest.py runs this test last: its own run waits for that build's lock,
+then finds the images made (a build that failed there is retried here, and fails here with its output)."""
 
 from __future__ import annotations
 
