@@ -307,9 +307,31 @@ def step_time(profile: Profile, shape: StepShape) -> StepTime:
     ``sample_s_per_token · decode_seqs · (k + 1)``, plus ``verify_s_per_token · decode_seqs · (k + 1)`` when
     k > 0. At k = 0 with ``drafter_loaded``, the drafter's share is the ``idle_drafter`` mode's tax term
     (``DrafterModel.idle_tax``) ``.fraction(decode_seqs)`` × the target time."""
+    return step_time_of(
+        profile,
+        shape.decode_seqs,
+        shape.k,
+        shape.context_tokens,
+        shape.prefill_tokens,
+        shape.drafter_loaded,
+        shape.idle_drafter,
+    )
+
+
+def step_time_of(
+    profile: Profile,
+    decode_seqs: int,
+    k: int,
+    context_tokens: int,
+    prefill_tokens: int = 0,
+    drafter_loaded: bool = False,
+    idle_drafter: IdleDrafterMode = IdleDrafterMode.STOCK,
+) -> StepTime:
+    """``step_time`` of the shape with these fields (``StepShape``'s), without building one: the engine and the
+    controller's predictions time a step this way at every step and candidate."""
     t, hw = profile.target, profile.hardware
-    queries = shape.decode_seqs * (shape.k + 1)
-    tokens = queries + shape.prefill_tokens
+    queries = decode_seqs * (k + 1)
+    tokens = queries + prefill_tokens
     if tokens == 0:
         return StepTime(0.0, 0.0)
     terms = _terms(profile)
@@ -319,21 +341,21 @@ def step_time(profile: Profile, shape: StepShape) -> StepTime:
             terms.touched.clear()
         touched = terms.touched[tokens] = experts_touched(profile, tokens)
     weight_bytes = t.dense_bytes + touched * t.expert_bytes
-    kv_bytes = shape.context_tokens * t.kv_bytes_per_token * t.kv_read_replicas
-    state_bytes = shape.decode_seqs * (shape.k + 2) * t.state_bytes_per_seq
+    kv_bytes = context_tokens * t.kv_bytes_per_token * t.kv_read_replicas
+    state_bytes = decode_seqs * (k + 2) * t.state_bytes_per_seq
     memory_s = (weight_bytes + kv_bytes + state_bytes) / hw.hbm_bytes_per_s
     compute_s = 2.0 * tokens * terms.compute_s_per_token
-    compute_s += t.attention_flops_per_context_token * shape.context_tokens * (shape.k + 1) / hw.flops_per_s
+    compute_s += t.attention_flops_per_context_token * context_tokens * (k + 1) / hw.flops_per_s
     target = max(memory_s, compute_s) + (1.0 - hw.overlap) * min(memory_s, compute_s)
     target += tokens * t.comm_s_per_token + queries * t.sample_s_per_token + t.step_overhead_s
-    if shape.k > 0:
+    if k > 0:
         target += queries * t.verify_s_per_token
     drafter = 0.0
     d = profile.drafter
-    if shape.k > 0 and shape.decode_seqs > 0:
-        drafter = d.fixed_s + shape.decode_seqs * (d.per_seq_s + shape.k * d.per_position_s)
-    elif shape.drafter_loaded and shape.decode_seqs > 0 and (tax := d.idle_tax(shape.idle_drafter)) is not None:
-        drafter = target * tax.fraction(shape.decode_seqs)
+    if k > 0 and decode_seqs > 0:
+        drafter = d.fixed_s + decode_seqs * (d.per_seq_s + k * d.per_position_s)
+    elif drafter_loaded and decode_seqs > 0 and (tax := d.idle_tax(idle_drafter)) is not None:
+        drafter = target * tax.fraction(decode_seqs)
     return StepTime(target, drafter)
 
 
@@ -417,7 +439,7 @@ def predict_step(
     prefill = round(prefill_per_step)
 
     def at(b: int) -> StepTime:
-        return step_time(profile, StepShape(b, k, round(b * context_per_seq), prefill, drafter_loaded, idle_drafter))
+        return step_time_of(profile, b, k, round(b * context_per_seq), prefill, drafter_loaded, idle_drafter)
 
     a = at(lo)
     if frac <= 0:

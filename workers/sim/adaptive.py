@@ -39,7 +39,7 @@ import random
 from dataclasses import dataclass, field
 from statistics import NormalDist
 
-from fleet.perf import Profile, StepShape, StepTime, step_time
+from fleet.perf import Profile, StepShape, StepTime, step_time, step_time_of
 
 _PHI_INV = NormalDist().inv_cdf
 _SQRT2 = math.sqrt(2.0)
@@ -101,7 +101,7 @@ class AdaptiveVerifier:
         schedule's k, or fewer where the token budget trimmed it); ``shape`` the step at the cap."""
         n, k = shape.decode_seqs, shape.k
         at_cap = step_time(self.profile, shape)
-        at_zero = step_time(self.profile, StepShape(n, 0, shape.context_tokens, shape.prefill_tokens))
+        at_zero = step_time_of(self.profile, n, 0, shape.context_tokens, shape.prefill_tokens)
         tau = (at_cap.target_s - at_zero.target_s) / (n * k)
         rate = self.rate_tok_s if self.rate_tok_s is not None else n / at_zero.total_s
         threshold = rate * tau
@@ -166,7 +166,7 @@ class AdaptiveVerifier:
                 return at_zero.target_s
             if kk == k:
                 return at_cap.target_s
-            return step_time(self.profile, StepShape(n, kk, shape.context_tokens, shape.prefill_tokens)).target_s
+            return step_time_of(self.profile, n, kk, shape.context_tokens, shape.prefill_tokens).target_s
 
         target_s = target(lo) if frac == 0 else (1 - frac) * target(lo) + frac * target(lo + 1)
         head = self.config.head_fixed_s + self.config.head_per_slot_s * n * k

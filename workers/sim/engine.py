@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
 
-from fleet.perf import IdleDrafterMode, Profile, StepShape, conditional_acceptance, step_time
+from fleet.perf import IdleDrafterMode, Profile, StepShape, conditional_acceptance, step_time_of
 from fleet.speculation import SpeculationControl
 from workers.sim.adaptive import AdaptiveVerification, AdaptiveVerifier, VerifyPlan, probits
 from workers.sim.prefix_cache import PrefixCache
@@ -267,16 +267,26 @@ class EngineCore:
         if not batch.preempted and len(self._waiting):
             self._admit_waiting(batch)
         prefill_tokens = sum(n for _, n in batch.prefill) if batch.prefill else 0
-        shape = StepShape(
-            decode_seqs=len(batch.decode),
-            k=k if batch.decode else 0,
-            context_tokens=sum(map(_COMPUTED, batch.decode)),
-            prefill_tokens=prefill_tokens,
-            drafter_loaded=self.drafter_loaded,
-            idle_drafter=self.idle_drafter,
-        )
-        plan = self._plan_adaptive(batch, shape) if self.adaptive is not None and shape.k > 0 else None
-        t = plan.time if plan is not None else step_time(self.profile, shape)
+        decode_seqs = len(batch.decode)
+        step_k = k if decode_seqs else 0
+        context_tokens = sum(map(_COMPUTED, batch.decode))
+        plan = None
+        if self.adaptive is not None and step_k > 0:
+            shape = StepShape(
+                decode_seqs, step_k, context_tokens, prefill_tokens, self.drafter_loaded, self.idle_drafter
+            )
+            plan = self._plan_adaptive(batch, shape)
+            t = plan.time
+        else:
+            t = step_time_of(
+                self.profile,
+                decode_seqs,
+                step_k,
+                context_tokens,
+                prefill_tokens,
+                self.drafter_loaded,
+                self.idle_drafter,
+            )
         end_s = self.now_s + t.total_s
         done = _Executed()
         if batch.decode:
@@ -289,8 +299,8 @@ class EngineCore:
         self._account(t.target_s, t.drafter_s, sum(emitted.values()), new_prompt)
         return StepOutcome(
             t.total_s,
-            shape.k,
-            shape.decode_seqs,
+            step_k,
+            decode_seqs,
             prefill_tokens,
             emitted,
             done.finished,
