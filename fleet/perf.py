@@ -12,7 +12,7 @@ Units: seconds, bytes, FLOPs, tokens.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import cached_property
 from importlib import resources
@@ -267,16 +267,19 @@ def experts_touched(profile: Profile, tokens: int) -> float:
 @dataclass(frozen=True, slots=True)
 class _ProfileTerms:
     """What ``step_time`` would compute alike at every call for one profile, by the same expressions (so the same
-    floats): seconds of compute per token, and the distinct experts by token count as they are asked for."""
+    floats): seconds of compute per token, the distinct experts by token count as they are asked for, and the
+    conditional acceptance by ``(workload, context tokens)`` as it is asked for (``conditional_acceptance``)."""
 
     compute_s_per_token: float
     touched: dict[int, float]
+    acceptance: dict[tuple[str, float], tuple[float, ...]] = field(default_factory=dict)
 
 
 _TERMS: dict[int, tuple[Profile, _ProfileTerms]] = {}
 """id(profile) → the profile (held, so its id is not reused while cached) and its terms."""
 _TERMS_MAX = 256
 _TOUCHED_MAX = 65_536
+_ACCEPTANCE_MAX = 65_536
 
 
 def _terms(profile: Profile) -> _ProfileTerms:
@@ -378,7 +381,13 @@ def kv_capacity_from_memory(profile: Profile) -> int:
 
 
 def conditional_acceptance(profile: Profile, workload: str, context_tokens: float) -> tuple[float, ...]:
-    """P(draft i accepted | all earlier accepted) for i = 0 … k_max-1 at this context length."""
+    """P(draft i accepted | all earlier accepted) for i = 0 … k_max-1 at this context length (kept per profile:
+    the tuned table asks for the same mix at every band and k)."""
+    kept = _terms(profile).acceptance
+    key = (workload, context_tokens)
+    hit = kept.get(key)
+    if hit is not None:
+        return hit
     cls = profile.acceptance.get(workload) or profile.acceptance[profile.default_workload]
     g = 0.0
     if cls.context_gain > 0:
@@ -387,7 +396,11 @@ def conditional_acceptance(profile: Profile, workload: str, context_tokens: floa
     probs = [1.0 - (1.0 - p) * (1.0 - lift) for p in cls.base]
     k_max = profile.drafter.k_max
     probs += [probs[-1]] * (k_max - len(probs))
-    return tuple(probs[:k_max])
+    out = tuple(probs[:k_max])
+    if len(kept) >= _ACCEPTANCE_MAX:
+        kept.clear()
+    kept[key] = out
+    return out
 
 
 def expected_tokens_per_step(conditional: tuple[float, ...] | list[float], k: int) -> float:
