@@ -9,7 +9,10 @@
   ``x-request-id``, once in the ledger with the tokens its usage block gave; no record of a request no client saw.
 - **Over-admission** per limit, against the bound of ``docs/operations/outages.md``: RPM and TPM as the most
   admitted in any 60 s (by ``admitted_at``), concurrency as the most requests whose ``[admitted_at, at]`` overlap,
-  budget as the spend counter.
+  budget as the spend counter. The budget's bound is the requests in flight when it ran out, plus, with budget
+  leases (``gateway.intake.leases``), what the other replicas billed within one lease's life: a replica serving from
+  its lease checks the spend counter it last read (up to ``lease_ttl_s`` old) plus its own unbilled spend, so the
+  other replicas' spend since that read is not seen.
 - **Time to recover**: from the fault's end to the start of the first request after which every request of the
   fault succeeded.
 
@@ -20,7 +23,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from bench.chaos.load import Sent
@@ -159,14 +162,38 @@ def concurrency_admission(records: Sequence[UsageRecord], limit: int, *, refused
     return Admission("concurrency", limit, held, float(limit if store_lost else 0), refused, f"{len(records)} billed")
 
 
+def gateways_of(sent: Iterable[Sent]) -> dict[str, int]:
+    """Request id → the replica that served it (answered or failed), for every request that had an id."""
+    return {rid: s.gateway for s in sent if (rid := s.result.headers.get("x-request-id")) is not None}
+
+
+def unseen_spend(records: Sequence[UsageRecord], gateway_of: Mapping[str, int], window_s: float) -> float:
+    """The most that the replicas other than one billed (by finish time) within any ``window_s``, over the
+    replicas: what a budget lease up to ``window_s`` old may not see. A record of no known replica counts as
+    another's for every replica."""
+    if window_s <= 0 or not records:
+        return 0.0
+    replicas = set(gateway_of.values()) or {-1}
+    return max(
+        most_in_window(((r.at, r.cost_usd) for r in records if gateway_of.get(r.request_id) != g), window_s)
+        for g in replicas
+    )
+
+
 def budget_admission(
     records: Sequence[UsageRecord], budget_usd: float, spent_usd: float, *, clients: int, refused: bool,
-    store_lost: bool,
+    store_lost: bool, gateway_of: Mapping[str, int] | None = None, lease_s: float = 0.0,
 ) -> Admission:  # fmt: skip
+    """``lease_s``: the longest a budget lease's spend serves requests (``GatewaySettings.lease_ttl_s``; 0: leases
+    off); ``gateway_of``: request id → replica (``gateways_of``)."""
     biggest = max([0.0, *(r.cost_usd for r in records)])
     in_flight = clients * biggest
-    bound = in_flight * (2 if store_lost else 1)
-    return Admission("budget", budget_usd, spent_usd, bound, refused, f"largest request {biggest:.2e} USD")
+    unseen = unseen_spend(records, gateway_of or {}, lease_s)
+    bound = in_flight * (2 if store_lost else 1) + unseen
+    detail = f"largest request {biggest:.2e} USD"
+    if lease_s > 0:
+        detail += f", others' spend in {lease_s:g} s {unseen:.2e} USD"
+    return Admission("budget", budget_usd, spent_usd, bound, refused, detail)
 
 
 def time_to_recover(sent: Sequence[Sent], healed_at: float, kills: Sequence[Kill] = ()) -> float | None:

@@ -6,6 +6,8 @@ fault."""
 
 from __future__ import annotations
 
+import shlex
+from collections.abc import Sequence
 from pathlib import Path
 
 from bench.chaos.faults import NOTICE_S
@@ -137,7 +139,9 @@ def render(result: ChaosResult, *, command: str) -> str:
         "[admitted, finish] overlap in the ledger; budget, the spend counter (USD). Bounds "
         "([outages](../operations/outages.md)): RPM 1 % (the window's 100 buckets); TPM, the clients in flight "
         "× the real prompt's excess over the gateway's estimate; concurrency 0; budget, the requests in flight "
-        "when it ran out, each at most the largest request's cost. Where the store was lost (a master killed, "
+        "when it ran out, each at most the largest request's cost, plus the most the other replica billed in "
+        "any one budget lease's life (`GEARSHIFT_LEASE_TTL_S`: a replica serving from its lease sees the spend "
+        "it last read plus its own, not what the others billed since). Where the store was lost (a master killed, "
         "the store paused) the outage bound adds one limit `L` for RPM, TPM and concurrency (the replicas' "
         "shares `N × s × L` on top of what the store had counted) and doubles the in-flight budget term (both "
         "replicas' requests in flight plus one refresh of spend). Reached: the tenant was refused at least once.",
@@ -241,6 +245,32 @@ def plot(result: ChaosResult, path: Path) -> None:
     axes.flat[0].legend(fontsize=7)
     fig.savefig(path, dpi=90)
     plt.close(fig)
+
+
+DEFAULT_OUT = Path("docs/benchmarks")
+"""Where ``gearshift bench chaos`` writes chaos.md unless told (``--out``)."""
+
+
+def command_line(
+    *, fast: bool = False, faults: Sequence[str] = (), before: float | None = None, after: float | None = None,
+    speedup: float = 1.0, out: Path = DEFAULT_OUT,
+) -> str:  # fmt: skip
+    """The ``gearshift bench chaos`` command that regenerates a report, built from the bench's own options (not the
+    process's argv: under a test runner or another CLI that is someone else's command). The run directory is left
+    out: it holds only that run's logs."""
+    words = ["gearshift", "bench", "chaos"]
+    if fast:
+        words.append("--fast")
+    for name in faults:
+        words += ["--fault", name]
+    for option, value in (("--before", before), ("--after", after)):
+        if value is not None:
+            words += [option, f"{value:g}"]
+    if speedup != 1.0:
+        words += ["--speedup", f"{speedup:g}"]
+    if out != DEFAULT_OUT:
+        words += ["--out", str(out)]
+    return " ".join(shlex.quote(w) for w in words)
 
 
 def write(result: ChaosResult, out: Path, *, command: str) -> Path:

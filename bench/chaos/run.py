@@ -92,6 +92,13 @@ def prompt_estimate() -> int:
     return parse_completion(orjson.dumps(body(1)), prompt_field="messages", rules=rules).prompt_tokens
 
 
+def budget_lease_s() -> float:
+    """How long a budget lease's spend serves requests on the stack's gateways (default settings); 0 with leases
+    off."""
+    settings = GatewaySettings()
+    return settings.lease_ttl_s if settings.lease_fraction > 0 else 0.0
+
+
 async def _records(stack: ChaosStack, tenant: str) -> list[UsageRecord]:
     return list((await stack.store.usage(tenant, since=0, until=math.inf, limit=100_000)).records)
 
@@ -176,7 +183,7 @@ def _admissions(
         measure.concurrency_admission(records["conc"], sizes.max_concurrency, refused=refused["conc"], store_lost=lost),
         measure.budget_admission(
             records["budget"], budget, spent, clients=_group(cfg, "budget").clients, refused=refused["budget"],
-            store_lost=lost,
+            store_lost=lost, gateway_of=measure.gateways_of(sent), lease_s=budget_lease_s(),
         ),
     ]  # fmt: skip
 
@@ -221,6 +228,12 @@ def _dump(path: Path, sent: Sequence[Sent], t0: float) -> None:
     path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
 
 
+def _dump_records(path: Path, records: dict[str, list[UsageRecord]]) -> None:
+    """The fault's ledger records, per tenant role, one JSON line each (Unix times), for a post-mortem."""
+    rows = [{"role": role, **r.model_dump(mode="json", exclude_none=True)} for role, rs in records.items() for r in rs]
+    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+
+
 async def run_fault(
     stack: ChaosStack, fault: Fault, cfg: ChaosConfig, budget: float, progress: Callable[[str], None]
 ) -> FaultResult:
@@ -249,6 +262,7 @@ async def run_fault(
     progress(f"{fault.name}: {len(load.sent)} requests; checking the ledger and the workers")
     await asyncio.to_thread(_dump, stack.run_dir / f"{fault.name}.requests.jsonl", load.sent, t0)
     records = await _settled(stack, fault.name, load.sent, cfg.settle_s)
+    await asyncio.to_thread(_dump_records, stack.run_dir / f"{fault.name}.records.jsonl", records)
     routable_s, left = await _wait_routable(stack, cfg.routable_wait_s)
     spent = await stack.store.spent(spend_key(tenant_id(fault.name, "budget")))
     all_records = [r for rs in records.values() for r in rs]
