@@ -4,8 +4,6 @@
 from __future__ import annotations
 
 import asyncio
-import shlex
-import sys
 import tempfile
 from pathlib import Path
 from typing import Annotated
@@ -46,7 +44,7 @@ def chaos(
     )
     directory = run_dir or Path(tempfile.mkdtemp(prefix="gearshift-chaos-"))
     result = asyncio.run(run_chaos(cfg, directory, progress=console.print))
-    command = "gearshift bench " + " ".join(shlex.quote(a) for a in sys.argv[2:])
+    command = report.command_line(fast=fast, faults=fault or (), before=before, after=after, speedup=speedup, out=out)
     path = report.write(result, out, command=command)
     for check in report.checks(result):
         console.print(f"{'met    ' if check.met else 'NOT MET'}  {check.name}: {check.detail}")
