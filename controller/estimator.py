@@ -118,11 +118,6 @@ class Estimate:
         still filling) it would stand against one taken in steady state."""
         return k in self.fresh_gears
 
-    def remembered_gear(self, k: int) -> bool:
-        """Whether ``k``'s step time at this batch band is still remembered (it ran there in the last
-        ``correction_max_age`` windows, ``step_correction_by_k``), fresh or not."""
-        return any(kk == k for kk, _ in self.step_correction_by_k)
-
 
 def predict_adaptive_step(
     profile: Profile,

@@ -36,9 +36,7 @@ The tuned table is the starting point (issue 25: never do worse than what an ope
 (``fleet.fallback.tuned_table``, the tuner of the lab's ``vllm-table``) gives at the expected batch is the default
 (``Basis.TABLE``). Among the k that meet the targets, the policy leaves it only on measured evidence: for another
 k to be chosen, it and the table's gear must both have had their step time measured at this batch band
-(``Estimate.observed_gear``); then the measured k with the most goodput wins (``Basis.MEASURED``). Once the
-table's gear has been measured, a deviation measured to beat it stands while that measurement is only remembered
-(``Estimate.remembered_gear``), until the stabiliser's bounded probe measures the table's gear again. A gear the model
+(``Estimate.observed_gear``); then the measured k with the most goodput wins (``Basis.MEASURED``). A gear the model
 merely predicts to be better is never chosen on that prediction: the stabiliser's bounded neighbour probes
 measure it (``controller.stabiliser``), and only then can it be. When the table's gear misses the targets the
 model's choice stands (``Basis.MODEL``), as it does on an adaptive worker (the engine explores under its cap) and
@@ -429,22 +427,15 @@ def _from_table(
         return model_best, Basis.MODEL, f"{at} k={gear} is not among the k the targets allow: the model's choice"
     measured = [c for c in pool if est.observed_gear(c.k)]
     seen = ", ".join(str(c.k) for c in sorted(measured, key=lambda c: c.k)) or "none"
-    fresh = est.observed_gear(gear)
-    if not fresh and not (measured and est.remembered_gear(gear)):
+    if not est.observed_gear(gear):
         return table, Basis.TABLE, f"{at} (k={gear}, not yet measured at this batch; measured here: k={seen})"
-    # The table's gear measured, or remembered beside a fresh measurement: a deviation measured to beat it stands
-    # until the stabiliser's bounded probe of the table's gear renews the evidence (a return to it as unmeasured
-    # would be a full move there and back each time its measurement ages).
-    top = max([*measured, table], key=lambda c: (c.goodput_tok_s, -c.k))
-    memory = "" if fresh else f", k={gear} remembered, not fresh"
+    top = max(measured, key=lambda c: (c.goodput_tok_s, -c.k))
     if top.k == gear:
-        if not fresh:
-            return table, Basis.TABLE, f"{at}, remembered here and not beaten (measured: k={seen})"
         return table, Basis.TABLE_MEASURED, f"{at}, measured here and not beaten (measured: k={seen})"
     lead = top.goodput_tok_s / table.goodput_tok_s - 1 if table.goodput_tok_s > 0 else 0.0
     why = (
         f"measured at this batch: k={top.k} {top.goodput_tok_s:.0f} tok/s vs {at} k={gear} "
-        f"{table.goodput_tok_s:.0f} tok/s ({lead:+.1%}; measured: k={seen}{memory})"
+        f"{table.goodput_tok_s:.0f} tok/s ({lead:+.1%}; measured: k={seen})"
     )
     return top, Basis.MEASURED, why
 

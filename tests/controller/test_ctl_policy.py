@@ -330,28 +330,6 @@ def test_a_ttft_target_that_rules_out_the_tables_gear_leaves_the_choice_to_the_m
     assert d.k <= 1
 
 
-def test_a_measured_deviation_stands_while_the_tables_gear_is_only_remembered(lab_profile: Profile) -> None:
-    """Issue 25 (robustness grid, MI355X believed on B300 workers, 64 streams): k = 7 measured 11 % above the
-    table's k = 3; once k = 3's measurement was older than ``position_max_age`` windows the policy returned to it
-    as unmeasured, a full move there and back every 30 s, where the stabiliser's bounded probe of the table's gear
-    was meant to renew the evidence. A gear whose step time is still remembered at this batch
-    (``Estimate.step_correction_by_k``) is compared by that memory until the probe measures it again."""
-    est = make_estimate(lab_profile, batch=1.0, class_mix=(("chat", 1.0),), prefill_per_token=4.0)
-    table_k = decide(est, lab_profile, tpot_target_s=None, config=TABLE_CFG).table_k
-    model_k = decide(est, lab_profile, tpot_target_s=None, config=CFG).k
-    assert table_k is not None
-    remembered = replace(est, fresh_gears=(model_k,), step_correction_by_k=((table_k, 1.0), (model_k, 1.0)))
-    d = decide(remembered, lab_profile, tpot_target_s=None, config=TABLE_CFG)
-    assert (d.k, d.basis) == (model_k, Basis.MEASURED)
-    assert f"k={table_k}" in d.reason
-    assert "not fresh" in d.reason
-    better = replace(remembered, step_correction_by_k=((table_k, 1.0), (model_k, 3.0)))
-    d = decide(better, lab_profile, tpot_target_s=None, config=TABLE_CFG)
-    assert (d.k, d.basis) == (table_k, Basis.TABLE), "the remembered table's gear is better: back to it"
-    forgotten = replace(est, fresh_gears=(model_k,), step_correction_by_k=((model_k, 1.0),))
-    assert decide(forgotten, lab_profile, tpot_target_s=None, config=TABLE_CFG).k == table_k, "no memory: table"
-
-
 def test_at_its_batch_limit_a_queue_waits_for_slots_that_a_faster_gear_frees_sooner(lab_profile: Profile) -> None:
     """Lab, B300 concurrency-sweep at 128 streams on 32 slots (96 waiting): the predicted TTFT counted the queue
     as prompts waiting for the prefill budget, which a longer draft shrinks, so the TTFT target walked the worker
