@@ -23,8 +23,10 @@ exact again, until the window has room.
 last reported (every store answer carries it; a background refresh asks for it when no request did), valid for
 ``ttl_s``: a request passes here while that spend plus this replica's own unbilled spend stays under the limit less a
 headroom of ``max_outstanding × fraction × share`` of it. Other replicas' spend since the last refresh is not seen: the
-fleet overshoots only when it spends more than the headroom within one ``ttl_s`` (at most the whole headroom per
-refresh), on top of the in-flight requests' cost that any non-reserving budget check lets through.
+fleet overshoots only when the other replicas spend more than the headroom within one ``ttl_s``: by what they
+billed in that ``ttl_s`` less the headroom (not capped by it), on top of the in-flight requests' cost that any
+non-reserving budget check lets through (the bound ``docs/operations/outages.md`` states and ``gearshift bench
+chaos`` checks).
 """
 
 from __future__ import annotations
