@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
 
 from bench.chaos.load import Load
-from bench.chaos.measure import Kill
+from bench.chaos.measure import Kill, Skew
 from bench.chaos.proxy import Mode
 from bench.chaos.stack import ChaosStack
 from bench.procs import redis_cluster_ok
@@ -35,6 +35,8 @@ class FaultRun:
     stack: ChaosStack
     load: Load
     kills: list[Kill] = field(default_factory=list)
+    skews: list[Skew] = field(default_factory=list)
+    """Which requests a replica with a skewed clock served (``measure.on_one_clock``)."""
     notes: list[str] = field(default_factory=list)
     state: dict[str, object] = field(default_factory=dict)
 
@@ -182,8 +184,13 @@ def _date_offset_s(url: str) -> float | None:
 def _restart_skewed(skew_s: float) -> Step:
     async def step(run: FaultRun) -> None:
         run.load.down.add(SKEWED_GATEWAY)
+        since, offset = run.state.pop("skewed_since", None), run.state.pop("skew_s", None)
+        if isinstance(since, float) and isinstance(offset, float):  # what the clients started on the skewed one
+            run.skews.append(Skew(SKEWED_GATEWAY, since, time.monotonic(), offset))
         await asyncio.sleep(0.5)  # the clients stop picking it; what is in flight finishes on SIGTERM
         proc = await asyncio.to_thread(run.stack.restart_gateway, SKEWED_GATEWAY, skew_s=skew_s)
+        if skew_s:
+            run.state["skewed_since"], run.state["skew_s"] = time.monotonic(), skew_s
         run.load.down.discard(SKEWED_GATEWAY)
         seen = await asyncio.to_thread(_date_offset_s, proc.url)
         shown = "unread" if seen is None else f"{seen:+.0f} s"

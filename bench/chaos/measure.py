@@ -162,6 +162,42 @@ def concurrency_admission(records: Sequence[UsageRecord], limit: int, *, refused
     return Admission("concurrency", limit, held, float(limit if store_lost else 0), refused, f"{len(records)} billed")
 
 
+@dataclass(frozen=True, slots=True)
+class Skew:
+    """Replica ``gateway``'s wall clock ran ``offset_s`` seconds ahead for the requests the clients started on it in
+    ``[since, until)`` (monotonic): the process the clock-skew fault started skewed served those."""
+
+    gateway: int
+    since: float
+    until: float
+    offset_s: float
+
+
+def on_one_clock(records: Sequence[UsageRecord], sent: Iterable[Sent], skews: Sequence[Skew]) -> list[UsageRecord]:
+    """``records`` with the times a skewed replica stamped (``admitted_at``, ``at``) moved back by its skew, so that
+    the limits measured across replicas (a concurrency overlap, a 60 s window) compare times of one clock. A record
+    of no skewed request is returned as it is."""
+    if not skews:
+        return list(records)
+    offset: dict[str, float] = {}
+    for s in sent:
+        rid = s.result.headers.get("x-request-id")
+        for k in skews:
+            if rid is not None and s.gateway == k.gateway and k.since <= s.result.started < k.until:
+                offset[rid] = k.offset_s
+    out = []
+    for r in records:
+        off = offset.get(r.request_id)
+        if off is None:
+            out.append(r)
+            continue
+        moved = {"at": r.at - off}
+        if r.admitted_at is not None:
+            moved["admitted_at"] = r.admitted_at - off
+        out.append(r.model_copy(update=moved))
+    return out
+
+
 def gateways_of(sent: Iterable[Sent]) -> dict[str, int]:
     """Request id → the replica that served it (answered or failed), for every request that had an id."""
     return {rid: s.gateway for s in sent if (rid := s.result.headers.get("x-request-id")) is not None}
