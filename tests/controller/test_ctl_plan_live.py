@@ -46,6 +46,7 @@ from fleet.store.redis import RedisStore
 from fleet.worker_mode import Mode, Phase, WorkerMode, read_modes
 from gateway.routing.filters.eligibility import routable
 from tests.gateway.harness import KEYS, PEPPER, RunningGateway, eventually, serve_gateway
+from tests.sims import running
 from workers.sim.server import SimServer
 from workers.sim.settings import SimWorkerSettings
 
@@ -81,15 +82,8 @@ async def plan_workers(profile: Path) -> AsyncIterator[dict[str, SimServer]]:
         ))
         for i, w in enumerate(WORKERS)
     }  # fmt: skip
-    started: list[SimServer] = []
-    try:
-        for s in servers.values():
-            await s.start()
-            started.append(s)
+    async with running(list(servers.values())):
         yield servers
-    finally:
-        for s in started:
-            await s.stop()
 
 
 def controller_settings() -> ControllerSettings:

@@ -30,6 +30,7 @@ from gateway.usage.metrics import GatewayMetrics
 from gateway.usage.spool import Journal, Spool
 
 from .harness import eventually
+from .test_gateway_spool import SwitchableStore
 
 T0 = 1_700_000_000.0
 MAX_BYTES = 64 * 1024 * 1024
@@ -199,26 +200,13 @@ class FailingSpool(Spool):
         raise OSError(5, "Input/output error")
 
 
-class DownStore(MemoryStore):
-    """A memory store whose ledger appends fail until ``down`` is cleared."""
-
-    def __init__(self) -> None:
-        super().__init__(clock=ManualClock(T0))
-        self.down = True
-
-    async def append_usage_many(self, records: Sequence[UsageRecord]) -> None:
-        if self.down:
-            raise ConnectionError("store down")
-        await super().append_usage_many(records)
-
-
 @pytest.mark.parametrize("failing", ["landed", "journal", "spool"])
 async def test_a_lane_survives_an_error_of_its_own_steps_logs_it_and_keeps_the_entries(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, failing: str
 ) -> None:
     """``landed`` (the admitter's accounting) raising once, the journal failing to forget, the spool's disk failing
     while the store is down: the error is logged with its traceback, and every record lands."""
-    store = DownStore() if failing == "spool" else MemoryStore(clock=ManualClock(T0))
+    store = SwitchableStore() if failing == "spool" else MemoryStore(clock=ManualClock(T0))
     calls: list[int] = []
 
     def landed(records: Sequence[UsageRecord]) -> None:
@@ -244,7 +232,7 @@ async def test_a_lane_survives_an_error_of_its_own_steps_logs_it_and_keeps_the_e
         with caplog.at_level(logging.ERROR, logger="gateway.usage.metering"):
             writer.write(record(0), None)
             await eventually(lambda: any(r.exc_info for r in caplog.records), timeout_s=10)
-            if isinstance(store, DownStore):
+            if isinstance(store, SwitchableStore):
                 store.down = False
             for i in range(1, 3):
                 writer.write(record(i), None)
