@@ -516,15 +516,17 @@ class RedisStore:
         return mine
 
     async def _send_bundle(self, riders: list[Rider], keys: list[str], args: list[str]) -> list[Any]:
+        """Send the bundle and hand each rider its reply; if anything fails before every rider has one (the call,
+        or the replies not matching the calls), the riders still waiting get the failure, never silence."""
         try:
             replies = [as_error(reply) for reply in await self._bundle(keys=keys, args=args)]
+            riding.deliver(riders, replies[: len(riders)])
         except Exception as exc:
             riding.fail(riders, exc)
             raise
         except BaseException:
             riding.fail(riders, RedisConnectionError("the call carrying this one was cancelled: it may have run"))
             raise
-        riding.deliver(riders, replies[: len(riders)])
         return replies
 
     async def spent(self, key: str) -> float:

@@ -193,3 +193,26 @@ async def test_riders_get_their_replies_when_the_admit_carrying_them_is_cancelle
         await settle  # the settlement ran, and its caller heard so
     one = [SlotLimit(key="concurrency:acme", slot_id="r2", limit=2)]  # r1 holds one (its admit ran), r0's is free
     assert (await store.admit(one, now=T0)).allowed
+
+
+async def test_riders_fail_when_the_reply_carrying_them_cannot_be_handed_out(
+    store: RedisStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bundle reply that does not match its calls (here no reply at all) fails every rider it carried: none is
+    left waiting on a reply that never comes. Before the fix ``deliver`` ran outside the ``try`` that fails the
+    riders, so its error left the settlement's caller waiting for ever (bounded only by the writer's deadline)."""
+    assert (await store.admit([slot(0)], now=T0)).allowed
+    settle = asyncio.ensure_future(store.settle_many([Settlement("s0", slots=(slot(0),))], now=T0))
+    await riders_waiting(store, 1)
+    bundle = store._bundle
+
+    async def short(*, keys: list[str], args: list[str]) -> list[Any]:
+        await bundle(keys=keys, args=args)
+        return []  # the calls ran, but no reply can be matched to a rider
+
+    monkeypatch.setattr(store, "_bundle", short)
+    with pytest.raises(ValueError, match="shorter than"):
+        await store.admit([slot(1)], now=T0)
+    async with asyncio.timeout(10):
+        with pytest.raises(ValueError, match="shorter than"):
+            await settle  # its caller hears the failure (the writer then spools or retries)
